@@ -1,0 +1,255 @@
+"""Kernel configs: typed, frozen, validated before nvcc ever runs.
+
+A config is the whole compile-time identity of a kernel. Its canonical form is sorted-keys JSON with enums by
+name; the kernel name, the cache key and the named configs in ``cutlass_configs/`` all derive from it.
+Each kernel family (attention forward today; backward and BSR GEMM later) is one ``KernelConfig`` subclass that
+names its template, its launcher ABI and its own rules.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .errors import InvalidConfigError
+
+
+class Schedule(enum.Enum):
+    COOPERATIVE = "cooperative"   # both MMA warpgroups split one M tile; one CTA per tile
+    PINGPONG = "pingpong"         # persistent CTAs, Q loaded by its own warp, warpgroups staggered
+
+
+class DType(enum.Enum):
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    @property
+    def cutlass_type(self) -> str:
+        return {"FP16": "cutlass::half_t", "BF16": "cutlass::bfloat16_t"}[self.name]
+
+    @property
+    def itemsize(self) -> int:
+        return 2
+
+
+class Arch(enum.Enum):
+    SM90A = "sm90a"
+    SM100A = "sm100a"
+
+    @property
+    def gencode(self) -> str:
+        num = {"SM90A": "90a", "SM100A": "100a"}[self.name]
+        return f"-gencode=arch=compute_{num},code=sm_{num}"
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        return {"SM90A": (9, 0), "SM100A": (10, 0)}[self.name]
+
+
+# Shared memory a CTA may opt into on H100/H200 (cudaDevAttrMaxSharedMemoryPerBlockOptin), bytes.
+SM90_SMEM_OPTIN = 232448
+# Registers one consumer thread may spend on accumulators (QK fp32, P as 16-bit operand, O fp32); the rest of
+# the 240 a consumer warpgroup gets after setmaxnreg go to addresses, softmax state and temporaries.
+_CONSUMER_ACC_REG_BUDGET = 176
+
+
+def _enum_from(cls: type[enum.Enum], value: Any) -> enum.Enum:
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        for member in cls:
+            if value.upper() == member.name or value.lower() == member.value:
+                return member
+    raise InvalidConfigError(
+        f"{cls.__name__} must be one of {[m.value for m in cls]}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Base of every kernel family's config. Subclasses are frozen dataclasses with enum fields."""
+
+    family: ClassVar[str] = ""
+    template: ClassVar[str] = ""           # file in templates/
+    abi: ClassVar[tuple[tuple[str, str], ...]] = ()  # launcher argument struct: (field, C type), in order
+
+    # -- canonical form -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"family": self.family}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v.name if isinstance(v, enum.Enum) else v
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def config_hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "KernelConfig":
+        d = dict(d)
+        fam = d.pop("family", None)
+        target = FAMILIES.get(fam, cls) if cls is KernelConfig else cls
+        if target is KernelConfig:
+            raise InvalidConfigError(f"unknown kernel family {fam!r}; known: {sorted(FAMILIES)}")
+        if fam is not None and fam != target.family:
+            raise InvalidConfigError(f"config is for family {fam!r}, not {target.family!r}")
+        names = {f.name for f in dataclasses.fields(target)}
+        unknown = set(d) - names
+        if unknown:
+            raise InvalidConfigError(f"unknown {target.family} config field(s) {sorted(unknown)}; valid: {sorted(names)}")
+        return target(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> "KernelConfig":
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise InvalidConfigError(f"config is not valid JSON: {e}") from None
+
+    # -- per family -----------------------------------------------------------------------------------
+    @property
+    def kernel_name(self) -> str:
+        raise NotImplementedError
+
+    def problems(self) -> list[str]:
+        """Every rule this config breaks, as sentences. Empty means valid."""
+        raise NotImplementedError
+
+    def nearest_valid(self) -> "KernelConfig | None":
+        return None
+
+    def validate(self) -> "KernelConfig":
+        probs = self.problems()
+        if probs:
+            near = self.nearest_valid()
+            hint = f"\n  nearest valid config: {near.to_json()}" if near is not None else ""
+            raise InvalidConfigError(
+                f"invalid {self.family} config {self.to_json()}:\n  - " + "\n  - ".join(probs) + hint)
+        return self
+
+    def template_vars(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class AttentionConfig(KernelConfig):
+    """Block-sparse attention forward on Hopper (TMA + warp-specialized WGMMA, BSR-indexed K/V)."""
+
+    head_dim: int = 128
+    dtype: DType = DType.FP16
+    schedule: Schedule = Schedule.COOPERATIVE
+    tile_m: int = 128
+    tile_n: int = 128
+    stages: int = 4
+    block_m: int = 128
+    block_n: int = 128
+    arch: Arch = Arch.SM90A
+
+    family: ClassVar[str] = "attn_fwd"
+    template: ClassVar[str] = "attn_fwd.cu.j2"
+    abi: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("q", "const void*"), ("k", "const void*"), ("v", "const void*"),
+        ("o", "void*"), ("lse", "float*"),
+        ("row_ptr", "const int*"), ("col_idx", "const int*"),
+        ("block_kind", "const unsigned char*"), ("row_order", "const int*"),
+        ("batch", "int"), ("heads", "int"), ("heads_kv", "int"),
+        ("seq_q", "int"), ("seq_k", "int"), ("head_dim", "int"),
+        ("q_stride_b", "long long"), ("q_stride_h", "long long"), ("q_stride_s", "long long"),
+        ("k_stride_b", "long long"), ("k_stride_h", "long long"), ("k_stride_s", "long long"),
+        ("v_stride_b", "long long"), ("v_stride_h", "long long"), ("v_stride_s", "long long"),
+        ("o_stride_b", "long long"), ("o_stride_h", "long long"), ("o_stride_s", "long long"),
+        ("lse_stride_b", "long long"), ("lse_stride_h", "long long"),
+        ("layout_heads", "int"), ("n_qblocks", "int"), ("n_kblocks", "int"),
+        ("row_ptr_stride", "int"), ("col_stride", "int"),
+        ("window_left", "int"), ("window_right", "int"),
+        ("scale", "float"), ("sm_count", "int"),
+    )
+
+    def __post_init__(self) -> None:
+        for name, cls in (("dtype", DType), ("schedule", Schedule), ("arch", Arch)):
+            object.__setattr__(self, name, _enum_from(cls, getattr(self, name)))
+        for name in ("head_dim", "tile_m", "tile_n", "stages", "block_m", "block_n"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InvalidConfigError(f"{name} must be an int, got {v!r}")
+
+    @property
+    def kernel_name(self) -> str:
+        sched = {"COOPERATIVE": "coop", "PINGPONG": "pp"}[self.schedule.name]
+        return (f"bsk_{self.arch.value}_attn_fwd_d{self.head_dim}_{self.dtype.value}"
+                f"_t{self.tile_m}x{self.tile_n}_{sched}_s{self.stages}_b{self.block_m}x{self.block_n}"
+                f"_{self.config_hash[:12]}")
+
+    # Shared memory the kernel needs, bytes: Q for both warpgroups, the K/V ring, the epilogue staging
+    # (kept beside the mainloop when persistent) and barriers. Mirrors SharedStorage in bsk/attn_fwd.hpp.
+    def smem_bytes(self) -> int:
+        e = self.dtype.itemsize
+        q = self.tile_m * self.head_dim * e
+        kv = self.stages * self.tile_n * self.head_dim * e
+        epi = 2 * 64 * 32 * e * 2 if self.schedule is Schedule.PINGPONG else 0
+        return q + kv + epi + 1024
+
+    def acc_registers(self) -> int:
+        # per consumer thread: QK fp32 accumulator 64 x tile_n over 128 threads, P as 16-bit operand, O fp32.
+        return self.tile_n // 2 + self.tile_n // 4 + self.head_dim // 2
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        if self.arch is not Arch.SM90A:
+            p.append(f"arch {self.arch.value} has no code generator yet; use arch='sm90a' (H100/H200)")
+        if self.head_dim not in (64, 128, 256):
+            p.append(f"head_dim {self.head_dim} is not supported; use 64, 128 or 256")
+        if self.tile_m != 128:
+            p.append(f"tile_m {self.tile_m} != 128: two MMA warpgroups of 64 rows (one WGMMA M) make one tile")
+        if self.tile_n not in (64, 128):
+            p.append(f"tile_n {self.tile_n} is not supported; use 64 or 128 (a WGMMA N that keeps the "
+                     f"accumulators in registers)")
+        if self.head_dim * self.dtype.itemsize % 16:
+            p.append("head_dim * element size must be a multiple of 16 bytes for TMA")
+        if not 2 <= self.stages <= 8:
+            p.append(f"stages {self.stages} out of range; use 2..8 K/V slots")
+        if self.block_m <= 0 or self.block_m % self.tile_m:
+            p.append(f"block_m {self.block_m} must be a positive multiple of tile_m {self.tile_m}")
+        if self.block_n <= 0 or self.block_n % self.tile_n:
+            p.append(f"block_n {self.block_n} must be a positive multiple of tile_n {self.tile_n}")
+        if not p:
+            if self.acc_registers() > _CONSUMER_ACC_REG_BUDGET:
+                p.append(f"tile_n {self.tile_n} with head_dim {self.head_dim} needs {self.acc_registers()} "
+                         f"accumulator registers per thread (budget {_CONSUMER_ACC_REG_BUDGET}); use tile_n=64")
+            if self.smem_bytes() > SM90_SMEM_OPTIN:
+                p.append(f"needs {self.smem_bytes()} bytes of shared memory, over the {SM90_SMEM_OPTIN} a "
+                         f"Hopper CTA can opt into; use fewer stages or a smaller tile_n")
+        return p
+
+    def nearest_valid(self) -> "AttentionConfig | None":
+        hd = min((64, 128, 256), key=lambda d: (abs(d - self.head_dim), d))
+        tn = 64 if (self.tile_n < 128 or hd == 256) else 128
+        bm = max(128, (max(self.block_m, 1) + 127) // 128 * 128)
+        bn = max(tn, (max(self.block_n, 1) + tn - 1) // tn * tn)
+        cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=128, tile_n=tn,
+                                   block_m=bm, block_n=bn, stages=min(max(self.stages, 2), 8))
+        while cand.stages > 2 and cand.problems():
+            cand = dataclasses.replace(cand, stages=cand.stages - 1)
+        return None if cand.problems() else cand
+
+    def template_vars(self) -> dict[str, Any]:
+        return {
+            "element": self.dtype.cutlass_type,
+            "head_dim": self.head_dim,
+            "tile_m": self.tile_m,
+            "tile_n": self.tile_n,
+            "stages": self.stages,
+            "block_m": self.block_m,
+            "block_n": self.block_n,
+            "persistent": self.schedule is Schedule.PINGPONG,
+            "schedule": self.schedule.value,
+        }
+
+
+FAMILIES: dict[str, type[KernelConfig]] = {AttentionConfig.family: AttentionConfig}

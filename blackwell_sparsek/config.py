@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -253,3 +254,70 @@ class AttentionConfig(KernelConfig):
 
 
 FAMILIES: dict[str, type[KernelConfig]] = {AttentionConfig.family: AttentionConfig}
+
+
+# -- named configs (cutlass_configs/<name>.json) -------------------------------------------------------------
+
+def _configs_dir():
+    from ._paths import configs_dir
+    return configs_dir()
+
+
+def load_config_file(path: str | os.PathLike[str]) -> KernelConfig:
+    """Read one config JSON file and validate it; errors name the file."""
+    from pathlib import Path
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InvalidConfigError(f"cannot read config file {p}: {e.strerror or e}") from None
+    try:
+        return KernelConfig.from_json(text).validate()
+    except InvalidConfigError as e:
+        raise InvalidConfigError(f"{p}: {e}") from None
+
+
+def load_named_configs() -> dict[str, KernelConfig]:
+    """Every named config shipped in cutlass_configs/, by name (the file stem), sorted by name."""
+    d = _configs_dir()
+    return {p.stem: load_config_file(p) for p in sorted(d.glob("*.json"))}
+
+
+def config_names() -> list[str]:
+    return sorted(p.stem for p in _configs_dir().glob("*.json"))
+
+
+def get_config(name: str) -> KernelConfig:
+    """The named config ``name`` (a file stem in cutlass_configs/)."""
+    p = _configs_dir() / f"{name}.json"
+    if "/" in name or os.sep in name or not p.is_file():
+        import difflib
+        names = config_names()
+        close = difflib.get_close_matches(name, names, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise InvalidConfigError(f"no named config {name!r}{hint}; known names: {names}")
+    return load_config_file(p)
+
+
+def resolve_config(spec: str | KernelConfig | dict[str, Any]) -> KernelConfig:
+    """A config from what a user typed: a config object, a dict, inline JSON, a .json file path or a name."""
+    if isinstance(spec, KernelConfig):
+        return spec.validate()
+    if isinstance(spec, dict):
+        # A dict without "family" means attention forward, the family a user means by default.
+        return KernelConfig.from_dict({"family": AttentionConfig.family, **spec}).validate()
+    s = str(spec).strip()
+    if s.startswith("{"):
+        try:
+            d = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise InvalidConfigError(f"inline config is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise InvalidConfigError(f"inline config must be a JSON object, got {type(d).__name__}")
+        return resolve_config(d)
+    from pathlib import Path
+    if Path(s).is_file():
+        return load_config_file(s)
+    if s.endswith(".json") or os.sep in s:
+        raise InvalidConfigError(f"config file {s} does not exist (or give a named config: {config_names()})")
+    return get_config(s)

@@ -27,3 +27,7 @@ class KernelCompileError(BskError, RuntimeError):
 
 class CudaError(BskError, RuntimeError):
     """A CUDA call made by a generated launcher returned an error code."""
+
+
+class JitDisabledError(BskError, RuntimeError):
+    """BSK_DISABLE_JIT=1 and the kernel is not in the cache: build it ahead of time or unset the variable."""

@@ -1,0 +1,83 @@
+"""BlackwellSparseK: generated block-sparse attention CUDA kernels for Hopper, called from PyTorch.
+
+Public API only. Importing this package is cheap: it never runs nvcc, never initialises CUDA and does not
+import torch; the heavier modules load on first use.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+from .config import (  # noqa: E402
+    Arch,
+    AttentionConfig,
+    DType,
+    KernelConfig,
+    Schedule,
+    get_config,
+    load_named_configs,
+)
+from .errors import (  # noqa: E402
+    BskError,
+    CudaError,
+    InputError,
+    InvalidConfigError,
+    JitDisabledError,
+    KernelCompileError,
+    LayoutError,
+    ToolchainError,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from os import PathLike
+
+    from .runtime import CompiledKernel
+
+
+def generate(config: KernelConfig, out_path: str | PathLike[str]) -> Any:
+    """Validate ``config``, render its CUDA source and write it to ``out_path``; returns the path."""
+    from .codegen import generate as _generate
+    return _generate(config, out_path)
+
+
+def build(config: KernelConfig) -> CompiledKernel:
+    """Compile ``config`` (or take it from the on-disk cache) and load it; returns a ``CompiledKernel``."""
+    from .cache import build as _build
+    return _build(config)
+
+
+# Written by other modules of the package; imported on first use so `import blackwell_sparsek` stays cheap.
+_LAZY = {
+    "BlockSparseLayout": ".layout",
+    "sparse_attention": ".ops",
+    "precompile": ".ops",
+    "CompiledKernel": ".runtime",
+    "cache_ls": ".cache",
+    "cache_clear": ".cache",
+    "render": ".codegen",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'blackwell_sparsek' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "__version__",
+    "AttentionConfig", "KernelConfig", "Schedule", "DType", "Arch", "get_config", "load_named_configs",
+    "BskError", "InvalidConfigError", "LayoutError", "InputError", "ToolchainError", "KernelCompileError",
+    "CudaError", "JitDisabledError",
+    "generate", "build", "render", "CompiledKernel", "cache_ls", "cache_clear",
+    "BlockSparseLayout", "sparse_attention", "precompile",
+]

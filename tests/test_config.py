@@ -1,0 +1,141 @@
+"""Configs: validation, canonical JSON, kernel names, named configs. CPU only."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from blackwell_sparsek import AttentionConfig, Arch, DType, InvalidConfigError, Schedule
+from blackwell_sparsek.config import (
+    KernelConfig,
+    config_names,
+    get_config,
+    load_config_file,
+    load_named_configs,
+    resolve_config,
+)
+
+REQUIRED_NAMES = {
+    f"sm90_fwd_d{d}_{dt}_{s}_128x128"
+    for d in (128, 64) for dt in ("fp16", "bf16") for s in ("coop", "pingpong")
+}
+
+
+def test_required_named_configs_exist_and_validate():
+    configs = load_named_configs()
+    assert REQUIRED_NAMES <= set(configs)
+    for name, cfg in configs.items():
+        assert isinstance(cfg, AttentionConfig)
+        assert cfg.problems() == [], name
+        cfg.validate()
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED_NAMES))
+def test_named_config_matches_its_name(name):
+    cfg = get_config(name)
+    _, _, d, dt, sched, tiles = name.split("_")
+    assert cfg.arch is Arch.SM90A
+    assert cfg.head_dim == int(d[1:])
+    assert cfg.dtype is DType(dt)
+    assert cfg.schedule is {"coop": Schedule.COOPERATIVE, "pingpong": Schedule.PINGPONG}[sched]
+    assert f"{cfg.tile_m}x{cfg.tile_n}" == tiles
+    assert 2 <= cfg.stages <= 8  # tuned per head dim; the shared-memory budget below is the rule
+    from blackwell_sparsek.config import SM90_SMEM_OPTIN
+    assert cfg.smem_bytes() <= SM90_SMEM_OPTIN
+
+
+def test_named_config_names_are_unique_kernels():
+    configs = load_named_configs()
+    names = [c.kernel_name for c in configs.values()]
+    assert len(set(names)) == len(names)
+    assert config_names() == sorted(configs)
+
+
+def test_canonical_json_is_stable():
+    cfg = AttentionConfig()
+    assert cfg.to_json() == (
+        '{"arch":"SM90A","block_m":128,"block_n":128,"dtype":"FP16","family":"attn_fwd","head_dim":128,'
+        '"schedule":"COOPERATIVE","stages":4,"tile_m":128,"tile_n":128}')
+    # enums by name, sorted keys, whatever spelling built it
+    same = AttentionConfig(dtype="fp16", schedule="COOPERATIVE", arch="sm90a")
+    assert same.to_json() == cfg.to_json()
+    assert same == cfg
+
+
+def test_kernel_name_is_pinned():
+    # Changing these names invalidates every cache and every profile label: do it on purpose only.
+    cfg = AttentionConfig(head_dim=128, dtype="fp16", schedule="cooperative", stages=4)
+    assert cfg.kernel_name == "bsk_sm90a_attn_fwd_d128_fp16_t128x128_coop_s4_b128x128_4ebe6156fb1c"
+    cfg = AttentionConfig(head_dim=64, dtype="bf16", schedule="pingpong", stages=6)
+    assert cfg.kernel_name == "bsk_sm90a_attn_fwd_d64_bf16_t128x128_pp_s6_b128x128_8023a12d03a9"
+    assert cfg.kernel_name.endswith(cfg.config_hash[:12])
+
+
+def test_round_trip_json_and_dict():
+    for cfg in load_named_configs().values():
+        assert KernelConfig.from_json(cfg.to_json()) == cfg
+        assert AttentionConfig.from_dict(cfg.to_dict()) == cfg
+        assert json.loads(cfg.to_json())["family"] == "attn_fwd"
+
+
+@pytest.mark.parametrize("changes, reason", [
+    (dict(head_dim=96), "head_dim 96"),
+    (dict(tile_m=64), "tile_m 64"),
+    (dict(tile_n=256), "tile_n 256"),
+    (dict(stages=1), "stages 1"),
+    (dict(stages=8), "shared memory"),
+    (dict(block_m=192), "block_m 192"),
+    (dict(block_n=100), "block_n 100"),
+    (dict(arch="sm100a"), "sm100a"),
+    (dict(head_dim=256, tile_n=128, stages=2), "accumulator registers"),
+])
+def test_invalid_configs_rejected_with_reason_and_nearest(changes, reason):
+    cfg = dataclasses.replace(AttentionConfig(), **changes)
+    with pytest.raises(InvalidConfigError) as ei:
+        cfg.validate()
+    msg = str(ei.value)
+    assert reason in msg
+    assert "nearest valid config:" in msg
+    near_json = msg.split("nearest valid config:", 1)[1].strip()
+    near = KernelConfig.from_json(near_json)
+    assert near.problems() == []
+
+
+def test_bad_field_types_and_names_rejected():
+    with pytest.raises(InvalidConfigError, match="head_dim must be an int"):
+        AttentionConfig(head_dim="128")
+    with pytest.raises(InvalidConfigError, match="DType must be one of"):
+        AttentionConfig(dtype="fp8")
+    with pytest.raises(InvalidConfigError, match="unknown attn_fwd config field"):
+        AttentionConfig.from_dict({"head_dim": 64, "heads": 8})
+    with pytest.raises(InvalidConfigError, match="not valid JSON"):
+        KernelConfig.from_json("{nope")
+
+
+def test_resolve_config_forms(tmp_path):
+    named = get_config("sm90_fwd_d64_fp16_coop_128x128")
+    assert resolve_config("sm90_fwd_d64_fp16_coop_128x128") == named
+    assert resolve_config(named.to_json()) == named
+    mine = AttentionConfig(head_dim=64, stages=6)
+    assert resolve_config('{"head_dim": 64, "stages": 6}') == mine  # family defaults to attention forward
+    assert resolve_config({"head_dim": 64, "stages": 6}) == mine
+    f = tmp_path / "mine.json"
+    f.write_text(named.to_json())
+    assert resolve_config(str(f)) == named
+    assert load_config_file(f) == named
+
+
+def test_resolve_config_errors(tmp_path):
+    with pytest.raises(InvalidConfigError, match="did you mean sm90_fwd_d128_fp16_coop_128x128"):
+        resolve_config("sm90_fwd_d128_fp16_cop_128x128")
+    with pytest.raises(InvalidConfigError, match="does not exist"):
+        resolve_config(str(tmp_path / "missing.json"))
+    with pytest.raises(InvalidConfigError, match="head_dim 80"):
+        resolve_config('{"head_dim": 80}')
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"family": "attn_fwd", "tile_n": 32}')
+    with pytest.raises(InvalidConfigError, match=r"bad\.json"):
+        resolve_config(str(bad))
+    with pytest.raises(InvalidConfigError):
+        get_config("../pyproject")

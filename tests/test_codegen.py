@@ -1,0 +1,104 @@
+"""Rendering: every named config renders, StrictUndefined bites, no torch in generated code, nothing in cwd."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import jinja2
+import pytest
+
+import blackwell_sparsek
+from blackwell_sparsek import AttentionConfig, BskError, InvalidConfigError, codegen
+from blackwell_sparsek.config import get_config, load_named_configs
+
+
+@pytest.mark.parametrize("name", sorted(load_named_configs()))
+def test_every_named_config_renders(name, clean_cwd):
+    cfg = get_config(name)
+    src = codegen.render(cfg)
+    assert f'bsk_kernel_name() {{ return "{cfg.kernel_name}"; }}' in src
+    assert f"struct {cfg.kernel_name} :" in src  # the kernel type carries the generated name
+    assert 'extern "C" int bsk_launch(' in src
+    assert 'extern "C" int bsk_smem_bytes()' in src
+    assert f"// config: {cfg.to_json()}" in src
+    assert f"/*HeadDim=*/{cfg.head_dim}" in src and f"/*Stages=*/{cfg.stages}" in src
+    assert cfg.dtype.cutlass_type in src
+    assert "{{" not in src and "{%" not in src
+    assert codegen.render(cfg) == src  # deterministic
+
+
+def test_generated_code_has_no_torch_headers():
+    for cfg in load_named_configs().values():
+        src = codegen.render(cfg)
+        assert "torch/extension.h" not in src
+        assert "#include <torch" not in src and '#include "torch' not in src
+        assert "pybind11" not in src
+
+
+def test_abi_struct_rendered_in_order():
+    cfg = AttentionConfig()
+    src = codegen.render(cfg)
+    body = src.split(f"struct {cfg.kernel_name}_args {{", 1)[1].split("};", 1)[0]
+    fields = [ln.strip().rstrip(";") for ln in body.strip().splitlines()]
+    assert fields == [f"{ct} {name}" for name, ct in cfg.abi]
+
+
+def test_missing_template_variable_fails(monkeypatch):
+    orig = AttentionConfig.template_vars
+
+    def without_stages(self):
+        d = orig(self)
+        del d["stages"]
+        return d
+
+    monkeypatch.setattr(AttentionConfig, "template_vars", without_stages)
+    with pytest.raises(BskError, match="stages") as ei:
+        codegen.render(AttentionConfig())
+    assert isinstance(ei.value.__cause__, jinja2.UndefinedError)
+
+
+def test_environment_is_strict():
+    env = codegen.environment()
+    assert env.undefined is jinja2.StrictUndefined
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ nope }}").render()
+
+
+def test_reserved_template_vars_cannot_be_overridden(monkeypatch):
+    orig = AttentionConfig.template_vars
+    monkeypatch.setattr(AttentionConfig, "template_vars", lambda self: {**orig(self), "kernel_name": "x"})
+    with pytest.raises(BskError, match="kernel_name"):
+        codegen.render(AttentionConfig())
+
+
+def test_render_validates_first():
+    with pytest.raises(InvalidConfigError, match="head_dim 96"):
+        codegen.render(dataclasses.replace(AttentionConfig(), head_dim=96))
+
+
+def test_generate_writes_only_the_given_path(tmp_path, clean_cwd):
+    cfg = get_config("sm90_fwd_d64_bf16_coop_128x128")
+    out = tmp_path / "out" / "k.cu"
+    assert blackwell_sparsek.generate(cfg, out) == out
+    assert out.read_text() == codegen.render(cfg)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["k.cu"]
+
+
+def test_import_is_cheap(child_env, tmp_path):
+    code = ("import sys, blackwell_sparsek as b; "
+            "heavy = [m for m in ('torch', 'jinja2', 'cuda', 'cuda.bindings', 'cutlass_library', 'filelock', "
+            "'subprocess', 'blackwell_sparsek.cache', 'blackwell_sparsek.compiler', 'blackwell_sparsek.runtime') "
+            "if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=tmp_path, env=child_env())
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_lazy_public_names():
+    assert set(blackwell_sparsek.__all__) >= {
+        "AttentionConfig", "Schedule", "DType", "Arch", "generate", "build", "BlockSparseLayout",
+        "sparse_attention", "precompile", "KernelCompileError", "CudaError"}
+    assert blackwell_sparsek.render is codegen.render
+    with pytest.raises(AttributeError):
+        blackwell_sparsek.not_a_thing  # noqa: B018

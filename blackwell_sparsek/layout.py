@@ -37,10 +37,9 @@ holding the bottom-right aligned position of the row's last query:
 from __future__ import annotations
 
 import dataclasses
-import math
 import operator
 import os
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -78,8 +77,7 @@ def _as_int(name: str, value: Any, minimum: int, err: type = LayoutError) -> int
 
 
 def _window(name: str, value: Any) -> int:
-    v = _as_int(name, value, -1)
-    return v
+    return _as_int(name, value, -1)
 
 
 def _normalize_device(device: Any) -> torch.device:
@@ -220,6 +218,10 @@ def _compress(n_heads: int, n_major: int, n_minor: int, h: torch.Tensor, major: 
         counts = torch.bincount(h * n_major + major, minlength=n_heads * n_major).view(n_heads, n_major)
     ptr = torch.zeros(n_heads, n_major + 1, dtype=torch.int64, device=device)
     ptr[:, 1:] = torch.cumsum(counts, 1)
+    per_head = ptr[:, -1]
+    m = max(1, int(per_head.max()))
+    if m > torch.iinfo(torch.int32).max:
+        raise LayoutError(f"{m} blocks in one head overflow int32 row_ptr; use larger blocks or fewer blocks")
     if n_heads == 1:  # entries are already in order: no scatter
         n = major.numel()
         idx = torch.zeros(1, max(1, n), dtype=torch.int32, device=device)
@@ -227,10 +229,6 @@ def _compress(n_heads: int, n_major: int, n_minor: int, h: torch.Tensor, major: 
         idx[0, :n] = minor
         kinds[0, :n] = kind
         return ptr.to(torch.int32), idx, kinds
-    per_head = ptr[:, -1]
-    m = max(1, int(per_head.max())) if n_heads else 1
-    if m > torch.iinfo(torch.int32).max:
-        raise LayoutError(f"{m} blocks in one head overflow int32 row_ptr; use larger blocks or fewer blocks")
     head_start = torch.cumsum(per_head, 0) - per_head
     pos = torch.arange(h.numel(), device=device) - head_start[h]
     idx = torch.zeros(n_heads, m, dtype=torch.int32, device=device)
@@ -1024,7 +1022,13 @@ class BlockSparseLayout:
         """A ``flex_attention.BlockMask`` with the same blocks: FULL blocks in Flex's full list, every block that
         needs an element mask (RULE and/or BOUNDS) in its partial list, and a ``mask_mod`` that computes this
         layout's exact element mask (listed block, ``k < seq_k``, and the rule on RULE blocks). Shape
-        ``[1, Hl, nq, nk]`` (batch broadcasts). Holds O(Hl * nq * nk) like any BlockMask."""
+        ``[1, Hl, nq, nk]`` (batch broadcasts). Holds O(Hl * nq * nk) like any BlockMask. Cached."""
+        got = self._cache.get("flex")
+        if got is None:
+            got = self._cache["flex"] = self._make_flex_block_mask()
+        return got
+
+    def _make_flex_block_mask(self) -> Any:
         from torch.nn.attention.flex_attention import BlockMask
 
         hl, nq, nk = self.num_heads, self.n_qblocks, self.n_kblocks

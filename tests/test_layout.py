@@ -343,7 +343,7 @@ def flex():
 def assert_flex_round_trip(lay):
     fa = flex()
     bm = lay.to_flex_block_mask()
-    assert isinstance(bm, fa.BlockMask)
+    assert isinstance(bm, fa.BlockMask) and lay.to_flex_block_mask() is bm
     assert bm.seq_lengths == (lay.seq_q, lay.seq_k)
     dense = bm.to_dense()[0].bool()
     assert torch.equal(dense, lay.to_dense_mask())

@@ -1,0 +1,288 @@
+"""The PyTorch face of the kernels: input checks, config choice, one torch.library custom op per family.
+
+``sparse_attention`` validates its inputs (typed errors that name the fix), picks a kernel config, and calls the
+``blackwell_sparsek::attn_fwd`` custom op, whose fake implementation only computes shapes (so
+``torch.compile(fullgraph=True)`` traces it without compiling anything) and whose real implementation launches the
+cached kernel through ctypes on torch's current stream. Without a GPU or nvcc it falls back to the reference with a
+one-time warning.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import warnings
+from functools import lru_cache
+
+import torch
+
+from .config import AttentionConfig, DType, KernelConfig, Schedule
+from .errors import InputError, InvalidConfigError, LayoutError, ToolchainError
+
+_DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
+# Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
+_DEFAULT_STAGES = {64: 8, 128: 5, 256: 2}
+# Rows shorter than this many KV tiles run persistent (ping-pong); longer rows one CTA per tile (cooperative).
+_PINGPONG_BELOW_TILES = 48
+
+
+# -- config choice ------------------------------------------------------------------------------------------
+
+def default_config(head_dim: int, dtype: torch.dtype | DType, layout=None, schedule: Schedule | None = None
+                   ) -> AttentionConfig:
+    """The config sparse_attention uses when none is given: a named config if one matches, else a derived one."""
+    dt = dtype if isinstance(dtype, DType) else _DTYPES[dtype]
+    bm = layout.block_m if layout is not None else 128
+    bn = layout.block_n if layout is not None else 128
+    if schedule is None:
+        schedule = Schedule.COOPERATIVE
+        if layout is not None:
+            avg_tiles = layout.nnz / max(1, layout.num_heads * layout.n_qblocks) * (bn // min(bn, 128))
+            if avg_tiles < _PINGPONG_BELOW_TILES:
+                schedule = Schedule.PINGPONG
+    return _derived_config(head_dim, dt, bm, bn, schedule)
+
+
+@lru_cache(maxsize=None)
+def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedule) -> AttentionConfig:
+    from .config import load_named_configs
+    for cfg in load_named_configs().values():
+        if (isinstance(cfg, AttentionConfig) and cfg.head_dim == head_dim and cfg.dtype is dt and cfg.block_m == bm
+                and cfg.block_n == bn and cfg.schedule is schedule):
+            return cfg
+    tile_n = 128 if bn % 128 == 0 and head_dim <= 128 else 64
+    cfg = AttentionConfig(head_dim=head_dim, dtype=dt, schedule=schedule, tile_n=tile_n,
+                          stages=_DEFAULT_STAGES.get(head_dim, 2), block_m=bm, block_n=bn)
+    if cfg.problems():
+        near = cfg.nearest_valid()
+        if near is None:
+            cfg.validate()  # raises with the reasons
+        cfg = near
+    return cfg
+
+
+def _resolve_config(config, head_dim: int, dtype: torch.dtype, layout) -> AttentionConfig:
+    if config is None:
+        return default_config(head_dim, dtype, layout)
+    if isinstance(config, str):
+        from .config import get_config
+        config = get_config(config)
+    if isinstance(config, Schedule):
+        return default_config(head_dim, dtype, layout, schedule=config)
+    if not isinstance(config, AttentionConfig):
+        raise InvalidConfigError(f"config must be an AttentionConfig, a named config or a Schedule, "
+                                 f"not {type(config).__name__}")
+    config.validate()
+    want = _DTYPES[dtype]
+    if config.head_dim != head_dim or config.dtype is not want:
+        raise InvalidConfigError(
+            f"config {config.kernel_name} is for head_dim={config.head_dim}, dtype={config.dtype.value}; the inputs "
+            f"have head_dim={head_dim}, dtype={want.value}: pass config=None or a matching config")
+    if (config.block_m, config.block_n) != (layout.block_m, layout.block_n):
+        raise InvalidConfigError(
+            f"config {config.kernel_name} serves {config.block_m}x{config.block_n} blocks but the layout has "
+            f"{layout.block_m}x{layout.block_n}: use dataclasses.replace(config, block_m={layout.block_m}, "
+            f"block_n={layout.block_n}) or config=None")
+    return config
+
+
+# -- input checks -------------------------------------------------------------------------------------------
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise InputError(f"{name} must be 4-D (batch, heads, seq, head_dim), got shape {tuple(t.shape)}; "
+                             f"for (batch, seq, heads, head_dim) tensors pass t.transpose(1, 2) (a view, no copy)")
+        if t.dtype not in _DTYPES:
+            raise InputError(f"{name} has dtype {t.dtype}; use torch.float16 or torch.bfloat16 (e.g. {name}.half())")
+        if t.stride(-1) != 1:
+            raise InputError(f"{name} must have a contiguous last (head_dim) dimension, got strides {t.stride()}; "
+                             f"call {name}.contiguous()")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise InputError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); cast them to one dtype")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"q, k, v are on different devices ({q.device}, {k.device}, {v.device}); move them to one")
+    B, H, Sq, D = q.shape
+    if k.shape != v.shape:
+        raise InputError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise InputError(f"k/v shape {tuple(k.shape)} does not match q {tuple(q.shape)} in batch or head_dim")
+    if k.shape[1] == 0 or H % k.shape[1]:
+        raise InputError(f"q has {H} heads, k/v {k.shape[1]}: the query heads must be a multiple of the K/V heads "
+                         f"(GQA/MQA)")
+    if min(B, H, Sq, k.shape[2]) == 0:
+        raise InputError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
+def _check_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """TMA needs 16-byte aligned base addresses and 16-byte multiples for every non-unit stride."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.data_ptr() % 16:
+            raise InputError(f"{name} data pointer is not 16-byte aligned (a sliced view?); pass {name}.clone()")
+        for d in range(3):
+            if t.stride(d) * t.element_size() % 16 and t.shape[d] > 1:
+                raise InputError(f"{name} stride {t.stride()} along dim {d} is not a multiple of 16 bytes; "
+                                 f"pass {name}.contiguous()")
+
+
+# -- the custom op ------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def _config_from_json(text: str) -> KernelConfig:
+    return KernelConfig.from_json(text)
+
+
+def _poison() -> bool:
+    return os.environ.get("BSK_POISON", "") not in ("", "0")
+
+
+@torch.library.custom_op("blackwell_sparsek::attn_fwd", mutates_args=())
+def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.Tensor, col_idx: torch.Tensor,
+              block_kind: torch.Tensor, row_order: torch.Tensor, window: list[int], scale: float,
+              config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
+    from .cache import build
+    from .runtime import device_info
+    _check_tma(q, k, v)
+    cfg = _config_from_json(config_json)
+    kernel = build(cfg)
+    B, H, Sq, D = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    if _poison():
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(dev):
+        stream = torch.cuda.current_stream().cuda_stream
+        kernel.launch(
+            stream,
+            q=q, k=k, v=v, o=o, lse=lse,
+            row_ptr=row_ptr, col_idx=col_idx, block_kind=block_kind, row_order=row_order,
+            batch=B, heads=H, heads_kv=k.shape[1], seq_q=Sq, seq_k=k.shape[2], head_dim=D,
+            q_stride_b=q.stride(0), q_stride_h=q.stride(1), q_stride_s=q.stride(2),
+            k_stride_b=k.stride(0), k_stride_h=k.stride(1), k_stride_s=k.stride(2),
+            v_stride_b=v.stride(0), v_stride_h=v.stride(1), v_stride_s=v.stride(2),
+            o_stride_b=o.stride(0), o_stride_h=o.stride(1), o_stride_s=o.stride(2),
+            lse_stride_b=lse.stride(0), lse_stride_h=lse.stride(1),
+            layout_heads=row_ptr.shape[0], n_qblocks=row_ptr.shape[1] - 1, n_kblocks=window[2],
+            row_ptr_stride=row_ptr.stride(0), col_stride=col_idx.stride(0),
+            window_left=window[0], window_right=window[1],
+            scale=scale, sm_count=device_info(dev).sm_count,
+        )
+    return o, lse
+
+
+@_attn_fwd.register_fake
+def _attn_fwd_fake(q, k, v, row_ptr, col_idx, block_kind, row_order, window, scale, config_json):
+    B, H, Sq, _ = q.shape
+    return torch.empty_like(q), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
+# -- public API ---------------------------------------------------------------------------------------------
+
+_warned_fallback = False
+
+
+def _fallback_warning(reason: str) -> None:
+    global _warned_fallback
+    if not _warned_fallback:
+        _warned_fallback = True
+        warnings.warn(f"blackwell_sparsek: {reason}; sparse_attention runs the (slow, O(S^2) memory) reference "
+                      f"implementation instead", RuntimeWarning, stacklevel=3)
+
+
+def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, *, causal: bool = False,
+                     scale: float | None = None, config=None, return_lse: bool = False):
+    """Block-sparse attention: softmax(scale · Q Kᵀ + mask) V over the blocks ``layout`` lists.
+
+    q: (B, H, Sq, D); k, v: (B, Hkv, Sk, D) with H % Hkv == 0 (GQA/MQA). (B, S, H, D) tensors are accepted as
+    ``t.transpose(1, 2)`` views (strides, no copy). fp16 or bf16, D in {64, 128, 256}. ``causal`` intersects the
+    layout with the bottom-right aligned causal mask. Returns O in q's memory layout, and with ``return_lse`` also
+    the float32 log-sum-exp (B, H, Sq); rows with no visible key give O = 0 and LSE = -inf.
+    """
+    _check_inputs(q, k, v)
+    B, H, Sq, D = q.shape
+    Sk = k.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise InputError(f"scale must be finite, got {scale}")
+    if causal:
+        if torch.compiler.is_compiling() and "causal" not in getattr(layout, "_cache", {}):
+            raise LayoutError("under torch.compile, causal=True needs the causal layout prepared eagerly: call "
+                              "layout.with_causal() once before the compiled function (it is cached)")
+        layout = layout.with_causal()
+    layout.validate_for(B, H, Sq, Sk)
+
+    if torch.compiler.is_compiling():
+        # Traced by dynamo: no file system, no caches with side effects. The config is a trace-time constant
+        # and the layout must already live on q's device (layout.to('cuda') before compiling).
+        if layout.device != q.device:
+            raise LayoutError(f"under torch.compile the layout must already be on {q.device}: call "
+                              f"layout.to({str(q.device)!r}) once before the compiled function")
+        cfg_json = _config_json_const(config, D, q.dtype, layout.block_m, layout.block_n, layout.nnz,
+                                      layout.num_heads, layout.n_qblocks)
+        lay = layout
+    else:
+        if not q.is_cuda:
+            _fallback_warning("the inputs are not on a CUDA device")
+            return _reference(q, k, v, layout, scale, return_lse)
+        cfg = _resolve_config(config, D, q.dtype, layout)
+        if config is None and not _kernel_available(cfg):
+            _fallback_warning("no nvcc to build the kernel and no cached build")
+            return _reference(q, k, v, layout, scale, return_lse)
+        cfg_json = cfg.to_json()
+        lay = layout.to(q.device)
+    o, lse = _attn_fwd(q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(),
+                       [lay.window_left, lay.window_right, lay.n_kblocks], scale, cfg_json)
+    return (o, lse) if return_lse else o
+
+
+@torch.compiler.assume_constant_result
+def _config_json_const(config, head_dim, dtype, block_m, block_n, nnz, layout_heads, n_qblocks) -> str:
+    """The kernel config as JSON, computed once at trace time from plain values (a torch.compile constant)."""
+    class _Geom:  # just what default_config reads of a layout
+        pass
+    g = _Geom()
+    g.block_m, g.block_n, g.nnz, g.num_heads, g.n_qblocks = block_m, block_n, nnz, layout_heads, n_qblocks
+    return _resolve_config(config, head_dim, dtype, g).to_json()
+
+
+def _reference(q, k, v, layout, scale, return_lse):
+    from .reference import attention_reference
+    o, lse = attention_reference(q, k, v, layout, scale=scale)
+    o = o.to(q.dtype)
+    return (o, lse) if return_lse else o
+
+
+@lru_cache(maxsize=None)
+def _kernel_available(cfg: AttentionConfig) -> bool:
+    """True when the kernel is cached or can be compiled here (so a missing nvcc can fall back)."""
+    from .cache import build
+    try:
+        build(cfg)
+    except ToolchainError:
+        return False
+    return True
+
+
+def precompile(*configs, dtype: torch.dtype | None = None, head_dim: int | None = None, layout=None):
+    """Build kernels ahead of time (e.g. before CUDA-graph capture or torch.compile). Returns the kernels.
+
+    Pass configs (AttentionConfig or named config strings), or ``head_dim=``/``dtype=`` (and optionally
+    ``layout=``) to build the config ``sparse_attention`` would pick.
+    """
+    from .cache import build
+    from .config import get_config
+    todo = [get_config(c) if isinstance(c, str) else c for c in configs]
+    if head_dim is not None or dtype is not None:
+        if head_dim is None or dtype is None:
+            raise InvalidConfigError("precompile needs both head_dim= and dtype= (or explicit configs)")
+        todo.append(default_config(head_dim, dtype, layout))
+    return [build(c.validate()) for c in todo]
+
+
+__all__ = ["sparse_attention", "precompile", "default_config"]

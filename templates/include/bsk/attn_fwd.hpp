@@ -1,0 +1,518 @@
+// BlackwellSparseK: block-sparse attention forward for Hopper (sm_90a).
+//
+// The kernel shell (warp-specialized producer / two MMA warpgroups, register reallocation, pipelines), the
+// online-softmax collective and the TMA epilogue come from CUTLASS example 88 (shipped in the nvidia-cutlass
+// wheel) by #include. What is ours:
+//   * BsrMainloop: the producer walks col_idx[row_ptr[r] .. row_ptr[r+1]) and TMA-loads only those K/V tiles
+//     (GQA/MQA through the K/V head index); the consumers run WGMMA QK^T, mask only blocks whose block_kind says
+//     so (sequence end, element rule: causal / window edge), online softmax, WGMMA PV with P from registers;
+//     rows with no blocks write O = 0 and LSE = -inf.
+//   * BsrTileScheduler: query tiles ordered heaviest row first (row_order from the layout), m fastest so
+//     concurrent CTAs share a head's K/V in L2; one tile per CTA (cooperative) or persistent (ping-pong).
+//   * attn_fwd_launch: the extern "C" launcher body (plain argument struct -> Params, TMA descriptors, launch
+//     on the caller's stream, every CUDA return code checked).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cutlass/cutlass.h"
+#include "cutlass/device_kernel.h"
+#include "cutlass/fast_math.h"
+#include "cute/tensor.hpp"
+
+#include "collective/fmha_collective_tma_warpspecialized.hpp"
+#include "collective/fmha_epilogue.hpp"
+#include "collective/fmha_fusion.hpp"
+#include "kernel/fmha_kernel_tma_warpspecialized.hpp"
+#include "kernel/fmha_options.hpp"
+
+namespace bsk {
+
+using namespace cute;
+namespace fmha_c = cutlass::fmha::collective;
+namespace fmha_k = cutlass::fmha::kernel;
+
+// Block-kind bits, as BlockSparseLayout writes them.
+enum : uint8_t { kBlockFull = 0, kBlockBounds = 1, kBlockRule = 2 };
+
+// Launcher return codes beyond cudaError_t's range: invalid arguments caught before any CUDA call.
+enum : int { kErrBadHeadDim = 10001, kErrStrideRange = 10002, kErrBadShape = 10003 };
+
+// Q K D (B H): sequence stride, unit head-dim stride, (batch, head) strides.
+using StrideQKV = cute::tuple<int, _1, cute::tuple<int, int>>;
+using ProblemShape = cute::tuple<int, int, int, int, int>;  // B, H, Sq, Sk, D
+
+// What the kernel needs of the sparsity layout and the element rule.
+struct BsrParams {
+  const int* row_ptr;
+  const int* col_idx;
+  const uint8_t* block_kind;
+  int layout_heads;
+  int row_ptr_stride;
+  int col_stride;
+  int heads_kv;
+  int group;          // query heads per K/V head
+  int window_left;    // element rule, -1 = unbounded
+  int window_right;
+};
+
+// Reads one query-block row's column indices and kinds 32 at a time (one coalesced load per warp per 32
+// blocks), handing them out with warp shuffles: the index load leaves the per-tile critical path.
+struct BsrRowCursor {
+  const int* cols;
+  const uint8_t* kinds;
+  int count;
+  int chunk_col = 0;
+  int chunk_kind = 0;
+
+  CUTLASS_DEVICE BsrRowCursor(const int* cols_, const uint8_t* kinds_, int count_)
+      : cols(cols_), kinds(kinds_), count(count_) {}
+
+  // Every lane of the warp must call this with the same block index, in increasing order.
+  CUTLASS_DEVICE void at(int blk, int& col, int& kind) {
+    int lane = threadIdx.x % 32;
+    if (blk % 32 == 0) {
+      int i = blk + lane;
+      chunk_col = i < count ? __ldg(cols + i) : 0;
+      chunk_kind = (kinds != nullptr && i < count) ? int(__ldg(kinds + i)) : 0;
+    }
+    col = __shfl_sync(0xffffffffu, chunk_col, blk % 32);
+    kind = __shfl_sync(0xffffffffu, chunk_kind, blk % 32);
+  }
+};
+
+template <class Element, int HeadDim, int TileM, int TileN, int Stages, int BlockM, int BlockN, bool Persistent>
+struct BsrMainloop
+    : fmha_c::FmhaMainloopTmaWarpSpecialized<
+          Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
+          fmha_c::DefaultFusion,
+          fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::bool_constant<Persistent>>,
+          fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>> {
+  using Base = fmha_c::FmhaMainloopTmaWarpSpecialized<
+      Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
+      fmha_c::DefaultFusion,
+      fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::bool_constant<Persistent>>,
+      fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>>;
+
+  using typename Base::TileShape;
+  using typename Base::TileShapeQK;
+  using typename Base::TileShapePV;
+  using typename Base::TiledMmaQK;
+  using typename Base::TiledMmaPV;
+  using typename Base::SmemLayoutQ;
+  using typename Base::SmemLayoutK;
+  using typename Base::SmemLayoutV;
+  using typename Base::MainloopPipeline;
+  using typename Base::MainloopPipelineQ;
+  using typename Base::PipelineState;
+  using typename Base::PipelineStateQ;
+  using typename Base::SharedStorage;
+  using typename Base::CollectiveMmaQK;
+  using typename Base::CollectiveMmaPV;
+  using typename Base::LoadQ;
+  using typename Base::LoadK;
+  using typename Base::LoadV;
+  using Base::NumMmaWarpGroups;
+  using Base::kIsPersistent;
+
+  static_assert(TileM == 64 * NumMmaWarpGroups, "one 64-row WGMMA tile per MMA warpgroup");
+  static_assert(BlockM % TileM == 0 && BlockN % TileN == 0, "layout blocks are whole kernel tiles");
+  static constexpr int kTilesPerBlockN = BlockN / TileN;
+
+  struct Arguments {
+    const Element* ptr_Q; StrideQKV dQ;
+    const Element* ptr_K; StrideQKV dK;
+    const Element* ptr_V; StrideQKV dV;
+    float scale;
+    BsrParams bsr;
+  };
+
+  struct Params : Base::Params {
+    BsrParams bsr;
+  };
+
+  static Params to_underlying_arguments(ProblemShape const& ps, Arguments const& args, void* /*workspace*/) {
+    int B = get<0>(ps), H = get<1>(ps), Sq = get<2>(ps), Sk = get<3>(ps), D = get<4>(ps);
+    // Q descriptor over (Sq, D, (B, H)); K and V descriptors over the K/V heads (GQA: fewer of them).
+    auto shape_q = make_shape(Sq, Sk, D, make_shape(B, H));
+    auto shape_kv = make_shape(Sq, Sk, D, make_shape(B, args.bsr.heads_kv));
+    auto p_q = CollectiveMmaQK::to_underlying_arguments(
+        shape_q, typename CollectiveMmaQK::Arguments{args.ptr_Q, args.dQ, args.ptr_K, args.dK}, nullptr);
+    auto p_k = CollectiveMmaQK::to_underlying_arguments(
+        shape_kv, typename CollectiveMmaQK::Arguments{args.ptr_Q, args.dQ, args.ptr_K, args.dK}, nullptr);
+    auto p_v = CollectiveMmaPV::to_underlying_arguments(
+        select<0, 2, 1, 3>(shape_kv),
+        typename CollectiveMmaPV::Arguments{args.ptr_K, args.dK, args.ptr_V, select<1, 0, 2>(args.dV)}, nullptr);
+    Params p;
+    p.tma_load_q = p_q.tma_load_a;
+    p.tma_load_k = p_k.tma_load_b;
+    p.tma_load_v = p_v.tma_load_b;
+    p.scale_softmax = args.scale;
+    p.scale_softmax_log2 = args.scale * 1.4426950408889634f;
+    p.rp_dropout = 1.0f;
+    p.bsr = args.bsr;
+    return p;
+  }
+
+  // This (batch, head, query-tile)'s row of the layout.
+  struct Row {
+    const int* cols;
+    const uint8_t* kinds;
+    int count;  // blocks in the row
+  };
+
+  template <class BlkCoord>
+  CUTLASS_DEVICE static Row row_of(BlkCoord const& blk_coord, Params const& params) {
+    BsrParams const& l = params.bsr;
+    int h = get<2, 1>(blk_coord);
+    int lh = l.layout_heads == 1 ? 0 : h;
+    int r = int(get<0>(blk_coord)) / (BlockM / TileM);
+    const int* rp = l.row_ptr + size_t(lh) * l.row_ptr_stride;
+    int start = __ldg(rp + r);
+    int end = __ldg(rp + r + 1);
+    size_t base = size_t(lh) * l.col_stride + start;
+    return Row{l.col_idx + base, l.block_kind + base, end - start};
+  }
+
+  // Producer warp: Q (unless a separate warp loads it), then K and V tiles of the listed blocks only.
+  template <bool kLoadQ, class BlkCoord, class LoadWarpBarrier>
+  CUTLASS_DEVICE void load_kv_maybe_q(int block_rank_in_cluster, BlkCoord const& blk_coord, Params const& params,
+                                      ProblemShape const& problem_size, MainloopPipeline& pipeline,
+                                      PipelineState& smem_pipe_write, MainloopPipelineQ& pipeline_q,
+                                      PipelineStateQ& smem_pipe_write_q, SharedStorage& storage,
+                                      LoadWarpBarrier& load_warp_barrier, bool do_barrier) {
+    int lane_predicate = cute::elect_one_sync();
+    Row row = row_of(blk_coord, params);
+    int n_tiles = row.count * kTilesPerBlockN;
+
+    // K/V live in heads_kv heads: address them as (b, h / group) of a (B, Hkv) problem.
+    auto kv_coord = make_coord(get<0>(blk_coord), get<1>(blk_coord),
+                               make_coord(get<2, 0>(blk_coord), get<2, 1>(blk_coord) / params.bsr.group));
+    auto kv_problem = make_shape(get<0>(problem_size), params.bsr.heads_kv, get<2>(problem_size),
+                                 get<3>(problem_size), get<4>(problem_size));
+
+    LoadQ load_q{params.tma_load_q, pipeline_q, storage.smem_q};
+    auto q_state = load_q.init_state(_0{}, problem_size, TileShapeQK{}, blk_coord, NumMmaWarpGroups);
+    auto q_iter = cute::make_coord_iterator(Int<NumMmaWarpGroups>{});
+    int q_count = NumMmaWarpGroups;
+
+    LoadK load_k{params.tma_load_k, pipeline, storage.smem_k};
+    auto k_state = load_k.init_state(block_rank_in_cluster, kv_problem, TileShapeQK{}, kv_coord, n_tiles);
+    LoadV load_v{params.tma_load_v, pipeline, storage.smem_v};
+    auto v_state = load_v.init_state(block_rank_in_cluster, kv_problem, TileShapePV{}, kv_coord, n_tiles);
+
+    BsrRowCursor cursor{row.cols, nullptr, row.count};
+    int kv_count = 2 * n_tiles;  // one K and one V load per tile
+
+    if constexpr (kLoadQ) load_q.step(q_iter, q_state, smem_pipe_write_q, lane_predicate, q_count);
+
+    for (int j = 0; j < n_tiles; ++j) {
+      int col, kind;
+      cursor.at(j / kTilesPerBlockN, col, kind);
+      int tile = col * kTilesPerBlockN + j % kTilesPerBlockN;
+      auto it = &tile;  // a one-element "iterator": step() reads *it
+      load_k.template step<false>(it, k_state, smem_pipe_write, lane_predicate, kv_count);
+      if (j == 0) {
+        if constexpr (kLoadQ) {
+          while (q_count > 0) load_q.step(q_iter, q_state, smem_pipe_write_q, lane_predicate, q_count);
+        } else if (do_barrier) {
+          load_warp_barrier.arrive();
+          load_warp_barrier.wait(/*phase=*/0);
+          do_barrier = false;
+        }
+      }
+      load_v.template step<false>(it, v_state, smem_pipe_write, lane_predicate, kv_count);
+    }
+    // Empty row: Q still goes to the consumers (they release it), and the one-time handshake still happens.
+    if constexpr (kLoadQ) {
+      while (q_count > 0) load_q.step(q_iter, q_state, smem_pipe_write_q, lane_predicate, q_count);
+    } else if (do_barrier) {
+      load_warp_barrier.arrive();
+      load_warp_barrier.wait(/*phase=*/0);
+    }
+  }
+
+  // Sequence-end and element-rule mask for one QK tile (only called on blocks whose kind asks for it).
+  template <class AccQK, class CoordQK>
+  CUTLASS_DEVICE static void apply_mask(AccQK& acc_qk, CoordQK const& tPcP, int q0, int k0, int kind,
+                                        ProblemShape const& ps, BsrParams const& l) {
+    int seq_q = get<2>(ps), seq_k = get<3>(ps);
+    int diag = seq_k - seq_q;  // bottom-right aligned
+    bool rule = (kind & kBlockRule) != 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc_qk); ++i) {
+      auto pos = tPcP(i);
+      int q = q0 + int(get<0>(pos));
+      int k = k0 + int(get<1>(pos));
+      int qd = q + diag;
+      bool keep = k < seq_k;
+      if (rule) {
+        keep = keep && (l.window_left < 0 || k >= qd - l.window_left) &&
+               (l.window_right < 0 || k <= qd + l.window_right);
+      }
+      if (!keep) acc_qk(i) = -INFINITY;
+    }
+  }
+
+  template <class BlkCoord, class MainloopPipelineReducer, class PipelineStateReducer, class MathWgOrderBarrier>
+  CUTLASS_DEVICE auto compute(BlkCoord const& blk_coord, BlkCoord const& wg_coord, Params const& params,
+                              ProblemShape const& problem_size, MainloopPipeline& pipeline,
+                              PipelineState& smem_pipe_read, MainloopPipelineQ& pipeline_q,
+                              PipelineStateQ& smem_pipe_read_q, MainloopPipelineReducer&, PipelineStateReducer&,
+                              SharedStorage& storage, MathWgOrderBarrier& math_wg_order_barrier) {
+    int thread_idx = int(threadIdx.x);
+    PipelineState smem_pipe_release = smem_pipe_read;
+
+    TiledMmaQK tiled_mma_qk;
+    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(thread_idx);
+    Tensor sQ = make_tensor(make_smem_ptr(storage.smem_q.data()), SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(storage.smem_k.data()), SmemLayoutK{});
+    Tensor tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ));
+    Tensor tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK));
+
+    TiledMmaPV tiled_mma_pv;
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(thread_idx);
+    Tensor sV = make_tensor(make_smem_ptr(storage.smem_v.data()), SmemLayoutV{});
+    Tensor tOrV = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sV));
+
+    // (row, col) of each accumulator element inside a 64 x TileN tile.
+    Tensor tPcP = thr_mma_qk.partition_C(make_identity_tensor(take<0, 2>(TileShapeQK{})));
+    int q0 = int(get<0>(wg_coord)) * get<0>(TileShapeQK{});
+
+    Tensor acc_pv = partition_fragment_C(tiled_mma_pv, take<0, 2>(TileShapePV{}));
+    fmha_c::CollectiveSoftmax<float, fmha_c::DefaultFusion, Params> softmax{params};
+    auto softmax_state = softmax.init(acc_pv, tiled_mma_pv);
+
+    Row row = row_of(blk_coord, params);
+    int n_tiles = row.count * kTilesPerBlockN;
+    BsrRowCursor cursor{row.cols, row.kinds, row.count};
+
+    pipeline_q.consumer_wait(smem_pipe_read_q);
+    auto sQ_stage = tSrQ(_, _, _, smem_pipe_read_q.index());
+
+    if (n_tiles == 0) {
+      // Nothing to attend: O = 0, LSE = -inf. Keep the warpgroup order barrier's sequence and release Q.
+      math_wg_order_barrier.wait();
+      math_wg_order_barrier.arrive();
+      if constexpr (kIsPersistent) pipeline_q.consumer_release(smem_pipe_read_q);
+      clear(acc_pv);
+      auto lse = make_fragment_like(get<1>(softmax_state));
+      fill(lse, -INFINITY);
+      return make_tuple(acc_pv, lse);
+    }
+
+    int col, kind;
+    // Tile 0: initializes the running max and sum; the first QK is ordered between the warpgroups.
+    {
+      cursor.at(0, col, kind);
+      Tensor acc_qk = partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{}));
+      pipeline.consumer_wait(smem_pipe_read);
+      math_wg_order_barrier.wait();
+      warpgroup_fence_operand(acc_qk);
+      warpgroup_arrive();
+      fmha_c::gemm_zero_acc(tiled_mma_qk, sQ_stage, tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
+      warpgroup_commit_batch();
+      math_wg_order_barrier.arrive();
+      ++smem_pipe_read;
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_qk);
+
+      if (kind != kBlockFull) apply_mask(acc_qk, tPcP, q0, col * BlockN, kind, problem_size, params.bsr);
+      softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
+      Tensor p = fmha_c::make_acc_into_op<Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
+
+      pipeline.consumer_wait(smem_pipe_read);
+      warpgroup_fence_operand(acc_pv);
+      warpgroup_fence_operand(p);
+      warpgroup_arrive();
+      fmha_c::gemm_zero_acc(tiled_mma_pv, p, tOrV(_, _, _, smem_pipe_read.index()), acc_pv);
+      warpgroup_commit_batch();
+      pipeline.consumer_release(smem_pipe_release);  // K of tile 0
+      ++smem_pipe_release;
+      ++smem_pipe_read;
+    }
+
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int j = 1; j < n_tiles; ++j) {
+      cursor.at(j / kTilesPerBlockN, col, kind);
+      int k0 = col * BlockN + (j % kTilesPerBlockN) * TileN;
+      Tensor acc_qk = partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{}));
+      pipeline.consumer_wait(smem_pipe_read);
+      warpgroup_fence_operand(acc_qk);
+      warpgroup_arrive();
+      fmha_c::gemm_zero_acc(tiled_mma_qk, sQ_stage, tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
+      warpgroup_commit_batch();
+      ++smem_pipe_read;
+      auto tok = pipeline.consumer_try_wait(smem_pipe_read);
+
+      warpgroup_wait<0>();  // this QK and the previous PV
+      warpgroup_fence_operand(acc_qk);
+      warpgroup_fence_operand(acc_pv);
+
+      if (kind != kBlockFull) apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
+      softmax.template step<false>(acc_qk, tiled_mma_qk, tPcP, softmax_state, acc_pv, tiled_mma_pv, problem_size);
+      Tensor p = fmha_c::make_acc_into_op<Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
+
+      pipeline.consumer_wait(smem_pipe_read, tok);
+      warpgroup_fence_operand(acc_pv);
+      warpgroup_fence_operand(p);
+      warpgroup_arrive();
+      cute::gemm(tiled_mma_pv, p, tOrV(_, _, _, smem_pipe_read.index()), acc_pv);
+      warpgroup_commit_batch();
+      pipeline.consumer_release(smem_pipe_release);  // V of tile j-1
+      ++smem_pipe_release;
+      pipeline.consumer_release(smem_pipe_release);  // K of tile j
+      ++smem_pipe_release;
+      ++smem_pipe_read;
+    }
+
+    if constexpr (kIsPersistent) pipeline_q.consumer_release(smem_pipe_read_q);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_pv);
+    if constexpr (kIsPersistent) pipeline.consumer_release(smem_pipe_release);  // V of the last tile
+    ++smem_pipe_release;
+
+    auto lse = softmax.tail(softmax_state, acc_pv, tiled_mma_pv);
+    // Rows whose every key was masked: the softmax collective reports +inf; our contract is -inf (and O = 0).
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(lse); ++i) {
+      if (lse(i) == INFINITY) lse(i) = -INFINITY;
+    }
+    return make_tuple(acc_pv, lse);
+  }
+};
+
+// Query tiles in heaviest-row-first order. Linear tile id -> (m rank fastest, head, batch): CTAs running at
+// the same time work on the same head, so its K/V tiles are shared through L2; within a head, rows with the
+// most blocks go first (longest-processing-time first keeps the SMs busy to the end).
+struct BsrTileScheduler {
+  struct Params {
+    int num_tiles;
+    int m_tiles;       // query tiles per (batch, head)
+    int tiles_per_row; // BlockM / TileM
+    int n_rows;        // layout rows (row_order stride)
+    int layout_heads;
+    cutlass::FastDivmod div_m;
+    cutlass::FastDivmod div_h;
+    const int* row_order;
+    int grid;
+  };
+
+  Params const& params;
+  int idx;
+
+  CUTLASS_DEVICE BsrTileScheduler(Params const& p) : params(p), idx(int(blockIdx.x)) {}
+
+  static Params make(int batch, int heads, int n_rows, int tiles_per_row, int layout_heads, const int* row_order,
+                     bool persistent, int sm_count) {
+    Params p;
+    p.m_tiles = n_rows * tiles_per_row;
+    p.num_tiles = p.m_tiles * heads * batch;
+    p.tiles_per_row = tiles_per_row;
+    p.n_rows = n_rows;
+    p.layout_heads = layout_heads;
+    p.div_m = cutlass::FastDivmod(p.m_tiles);
+    p.div_h = cutlass::FastDivmod(heads);
+    p.row_order = row_order;
+    p.grid = persistent ? std::min(p.num_tiles, sm_count > 0 ? sm_count : 132) : p.num_tiles;
+    return p;
+  }
+
+  static dim3 get_grid_shape(Params const& p) { return dim3(p.grid, 1, 1); }
+
+  CUTLASS_DEVICE bool is_valid() { return idx < params.num_tiles; }
+
+  CUTLASS_DEVICE auto get_block_coord() {
+    int rank, rest, h, b;
+    params.div_m(rest, rank, idx);
+    params.div_h(b, h, rest);
+    int lh = params.layout_heads == 1 ? 0 : h;
+    int row = __ldg(params.row_order + size_t(lh) * params.n_rows + rank / params.tiles_per_row);
+    int m_block = row * params.tiles_per_row + rank % params.tiles_per_row;
+    return make_coord(m_block, _0{}, make_coord(b, h));
+  }
+
+  CUTLASS_DEVICE BsrTileScheduler& operator++() {
+    idx += int(gridDim.x);
+    return *this;
+  }
+};
+
+template <class Element, int HeadDim, int TileM, int TileN, int Stages, int BlockM, int BlockN, bool Persistent>
+struct AttnFwdTraits {
+  using Mainloop = BsrMainloop<Element, HeadDim, TileM, TileN, Stages, BlockM, BlockN, Persistent>;
+  using Epilogue = fmha_c::FmhaFwdEpilogue<Element, float, typename Mainloop::TileShapePV>;
+  using Kernel = std::conditional_t<
+      Persistent,
+      fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler,
+                                           fmha_k::Option<fmha_k::Tag::kLoadsQSeparately, cute::true_type>>,
+      fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler>>;
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kTileM = TileM;
+  static constexpr int kBlockM = BlockM;
+  static constexpr int kBlockN = BlockN;
+  static constexpr bool kPersistent = Persistent;
+};
+
+template <class Named>
+int attn_fwd_smem_bytes() {
+  return int(Named::SharedStorageSize);
+}
+
+inline bool fits_int(long long v) { return v >= 0 && v <= 0x7fffffffLL; }
+
+template <class Traits, class Named, class Args>
+int attn_fwd_launch(Args const& a, cudaStream_t stream) {
+  using Mainloop = typename Traits::Mainloop;
+  using Epilogue = typename Traits::Epilogue;
+  using Element = typename Mainloop::Element;
+
+  if (a.head_dim != Traits::kHeadDim) return kErrBadHeadDim;
+  if (a.batch <= 0 || a.heads <= 0 || a.heads_kv <= 0 || a.heads % a.heads_kv != 0 || a.seq_q <= 0 ||
+      a.seq_k <= 0 || a.n_qblocks * Traits::kBlockM < a.seq_q || a.n_qblocks <= 0)
+    return kErrBadShape;
+  long long strides[] = {a.q_stride_b, a.q_stride_h, a.q_stride_s, a.k_stride_b, a.k_stride_h, a.k_stride_s,
+                         a.v_stride_b, a.v_stride_h, a.v_stride_s, a.o_stride_b, a.o_stride_h, a.o_stride_s,
+                         a.lse_stride_b, a.lse_stride_h};
+  for (long long s : strides)
+    if (!fits_int(s)) return kErrStrideRange;
+
+  ProblemShape ps{a.batch, a.heads, a.seq_q, a.seq_k, a.head_dim};
+  StrideQKV dQ{int(a.q_stride_s), _1{}, make_tuple(int(a.q_stride_b), int(a.q_stride_h))};
+  StrideQKV dK{int(a.k_stride_s), _1{}, make_tuple(int(a.k_stride_b), int(a.k_stride_h))};
+  StrideQKV dV{int(a.v_stride_s), _1{}, make_tuple(int(a.v_stride_b), int(a.v_stride_h))};
+  StrideQKV dO{int(a.o_stride_s), _1{}, make_tuple(int(a.o_stride_b), int(a.o_stride_h))};
+  cute::tuple<_1, cute::tuple<int, int>> dLSE{_1{}, make_tuple(int(a.lse_stride_b), int(a.lse_stride_h))};
+
+  BsrParams bsr{a.row_ptr, a.col_idx, a.block_kind, a.layout_heads, a.row_ptr_stride, a.col_stride,
+                a.heads_kv, a.heads / a.heads_kv, a.window_left, a.window_right};
+
+  typename Named::Params params{
+      ps,
+      Mainloop::to_underlying_arguments(
+          ps,
+          typename Mainloop::Arguments{static_cast<const Element*>(a.q), dQ, static_cast<const Element*>(a.k), dK,
+                                       static_cast<const Element*>(a.v), dV, a.scale, bsr},
+          nullptr),
+      Epilogue::to_underlying_arguments(ps, typename Epilogue::Arguments{static_cast<Element*>(a.o), dO, a.lse, dLSE}),
+      BsrTileScheduler::make(a.batch, a.heads, a.n_qblocks, Traits::kBlockM / Traits::kTileM, a.layout_heads,
+                             a.row_order, Traits::kPersistent, a.sm_count)};
+
+  int smem = int(Named::SharedStorageSize);
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return int(err);
+  static bool smem_set[64] = {};
+  if (device < 0 || device >= 64 || !smem_set[device]) {
+    err = cudaFuncSetAttribute(cutlass::device_kernel<Named>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return int(err);
+    if (device >= 0 && device < 64) smem_set[device] = true;
+  }
+  dim3 grid = BsrTileScheduler::get_grid_shape(params.tile_scheduler);
+  dim3 block(Named::MaxThreadsPerBlock, 1, 1);
+  cutlass::device_kernel<Named><<<grid, block, smem, stream>>>(params);
+  return int(cudaGetLastError());
+}
+
+}  // namespace bsk

@@ -1,0 +1,268 @@
+"""Command line of the benchmark tools: ``main(argv)`` with argv[0] the subcommand.
+
+    python -m blackwell_sparsek bench [--quick | --preset quick|full|headline|tiny] [--out bench/results]
+    python -m blackwell_sparsek compare-88 [--shapes 2x16x8192x128 ...] [--iterations 20] [--json PATH]
+    python -m blackwell_sparsek profile [--config NAME] [--shape 2x16x8192x128] [--pattern dense]
+
+(``python -m blackwell_sparsek.bench ...`` is the same.) See docs/bench.md.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SUBCOMMANDS = ("bench", "compare-88", "profile")
+# Seconds of building + measuring after which remaining cases are skipped; the rest of a run (torch import, CUDA
+# init, JSON, plots) takes ~20 s and one case may overrun its estimate: quick < 4 min, full < 9 min in total.
+DEFAULT_BUDGET = {"tiny": 300.0, "quick": 180.0, "full": 450.0, "headline": 420.0}
+
+
+def _bench_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m blackwell_sparsek bench",
+                                 description="Sweep sequence length, head dim, sparsity pattern and schedule over "
+                                             "ours and the peers; JSON + PNG plots into --out.")
+    ap.add_argument("--preset", choices=["quick", "full", "headline", "tiny"], default="full",
+                    help="quick: < 4 min on an H100; full: < 9 min; headline: the acceptance shapes with a verdict "
+                         "table; tiny: small CPU-capable smoke run (default: full)")
+    ap.add_argument("--quick", action="store_const", const="quick", dest="preset", help="same as --preset quick")
+    ap.add_argument("--headline", action="store_const", const="headline", dest="preset",
+                    help="same as --preset headline")
+    ap.add_argument("--out", default="bench/results", help="output directory (default bench/results)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds of building + measuring before remaining cases are skipped (default: quick 180, "
+                         "full 450, headline 420)")
+    ap.add_argument("--peers", default=None,
+                    help="comma-separated peer name prefixes to run (ours, sdpa-flash, sdpa-cudnn, flex, fa, "
+                         "xformers); default all available")
+    ap.add_argument("--no-check", action="store_true", help="skip the small-shape reference checks")
+    ap.add_argument("--no-ex88", action="store_true", help="do not run CUTLASS example 88 on dense/causal cases")
+    ap.add_argument("--ex88-build", action="store_true",
+                    help="build example 88 if it is not cached (minutes); default: use it only when cached or "
+                         "BSK_EX88_BIN is set")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--warmup-ms", type=float, default=25.0)
+    ap.add_argument("--rep-ms", type=float, default=100.0)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu only exercises the harness (tiny preset; ours = reference fallback)")
+    ap.add_argument("--list", action="store_true", help="print the planned cases and exit (no GPU needed)")
+    return ap
+
+
+def _compare_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m blackwell_sparsek compare-88",
+                                 description="Our kernels vs every kernel of CUTLASS example 88, same shapes, "
+                                             "same run; prints a table with ours/ex88-best and writes JSON.")
+    ap.add_argument("--shapes", nargs="+", default=None, metavar="BxHxSxD",
+                    help="default: 2x16x8192x128 1x8x8192x64 16x16x1024x128")
+    ap.add_argument("--masks", nargs="+", default=["full", "causal"], choices=["full", "causal"])
+    ap.add_argument("--iterations", type=int, default=20, help="example 88 --iterations (timed launches)")
+    ap.add_argument("--repeats", type=int, default=3, help="example 88 invocations per shape (median)")
+    ap.add_argument("--verify", action="store_true", help="also run example 88 --verify on the first invocation")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--no-build", action="store_true", help="fail instead of building example 88 when not cached")
+    ap.add_argument("--json", default="bench/results/compare88.json", help="output JSON ('' to skip)")
+    ap.add_argument("--rep-ms", type=float, default=100.0)
+    return ap
+
+
+def _profile_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m blackwell_sparsek profile",
+                                 description="Nsight Compute on one of our kernels; key metrics to JSON/markdown.")
+    ap.add_argument("--config", default=None, help="named config (default: the cooperative config for --shape's D)")
+    ap.add_argument("--shape", default="2x16x8192x128", metavar="BxHxSxD")
+    ap.add_argument("--pattern", default="dense", choices=["dense", "causal", "window", "topk"])
+    ap.add_argument("--density", type=float, default=0.25)
+    ap.add_argument("--window", type=int, default=2048)
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--kernel-regex", default="regex:bsk_")
+    ap.add_argument("--launch-skip", type=int, default=2)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    sub, rest = argv[0], argv[1:]
+    if sub == "bench":
+        return cmd_bench(_bench_parser().parse_args(rest))
+    if sub in ("compare-88", "compare88"):
+        return cmd_compare(_compare_parser().parse_args(rest))
+    if sub == "profile":
+        return cmd_profile(_profile_parser().parse_args(rest))
+    print(f"unknown subcommand {sub!r}; use one of {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+    return 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+def _cuda_ok() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from . import harness, headline, plots, report
+    t_start = time.monotonic()
+    dev = a.device
+    name = a.preset
+    if name == "headline":
+        cases = headline.cases(dev)
+        opts = headline.options(a.budget or DEFAULT_BUDGET[name])
+        peers_for: Any = headline.peers_for
+    else:
+        cases = harness.preset(name, dev)
+        opts = harness.RunOptions(budget_s=a.budget or DEFAULT_BUDGET[name],
+                                  jit_peer_seqs=harness.JIT_PEER_SEQS.get(name),
+                                  ex88_seqs=harness.EX88_SEQS.get(name, set()))
+        peers_for = None
+    opts.warmup_ms, opts.rep_ms = a.warmup_ms, a.rep_ms
+    opts.check = not a.no_check
+    if a.peers:
+        opts.peers_include = {p.strip() for p in a.peers.split(",") if p.strip()}
+        if peers_for is not None:
+            inner = peers_for
+            peers_for = lambda c: [p for p in inner(c) if any(p.name.startswith(x) for x in opts.peers_include)]  # noqa: E731
+    if a.list:
+        n_peers = 6
+        total = 0.0
+        for c in cases:
+            est = harness.estimate_case_seconds(c, n_peers)
+            total += est
+            print(f"{c.name:42s} groups={','.join(c.groups):22s} ~{est:5.1f}s")
+        print(f"{len(cases)} cases, rough upper estimate {total:.0f}s at {n_peers} peers/case "
+              f"(budget {opts.budget_s:.0f}s)")
+        return 0
+    if dev == "cuda" and not _cuda_ok():
+        print("bench: no CUDA GPU visible (torch.cuda.is_available() is False); this benchmark needs an H100/H200. "
+              "Use --list to see the plan, or --device cpu --preset tiny to exercise the harness.", file=sys.stderr)
+        return 2
+    if dev == "cpu":
+        opts.ex88_seqs = set()
+    ex88_bin = None
+    ex88_note = None
+    if not a.no_ex88 and opts.ex88_seqs:
+        from . import ex88
+        try:
+            ex88_bin = ex88.locate(build_if_missing=a.ex88_build)
+        except Exception as e:
+            ex88_note = f"example 88 not run: {e}"
+            print(f"[bsk] {ex88_note}", file=sys.stderr)
+    out_dir = Path(a.out)
+    json_path = out_dir / f"bench_{name}.json"
+    env = report.environment()
+    print(f"[bsk bench] preset {name}: {len(cases)} cases on {env.get('gpu') or dev}; budget {opts.budget_s:.0f}s; "
+          f"JSON -> {json_path}", file=sys.stderr, flush=True)
+    build_times: dict[str, float] = {}
+
+    def payload(runner: harness.Runner, complete: bool) -> dict[str, Any]:
+        lin = report.linearity(runner.records)
+        d: dict[str, Any] = {
+            "schema": report.SCHEMA, "preset": name, "complete": complete, "env": env,
+            "elapsed_s": round(time.monotonic() - t_start, 1), "budget_s": opts.budget_s,
+            "flops_convention": "tflops: causal pattern = example 88's dense-half count, other patterns = listed "
+                                "blocks x 128 x 128 (effective); tflops_blocks / tflops_dense give both",
+            "peers": runner.peer_info, "build_s": build_times, "ex88_binary": str(ex88_bin) if ex88_bin else None,
+            "notes": runner.notes + ([ex88_note] if ex88_note else []),
+            "cases": runner.case_info, "records": runner.records, "small_checks": runner.small_checks,
+            "skipped": runner.skipped, "linearity": lin,
+        }
+        if name == "headline":
+            d["headline"] = headline.verdicts(runner.records, lin, dev)
+        return d
+
+    runner = harness.Runner(cases, opts, peers_for=peers_for, ex88_binary=ex88_bin,
+                            on_case_done=lambda r: report.write_json(json_path, payload(r, False)))
+    if dev == "cuda":
+        build_times.update(runner.precompile())
+    runner.run()
+    data = payload(runner, True)
+    report.write_json(json_path, data)
+    made = []
+    if not a.no_plots:
+        if plots.have_matplotlib():
+            try:
+                made = plots.make_all(runner.records, out_dir, name)
+            except Exception as e:
+                print(f"[bsk] plotting failed: {type(e).__name__}: {e}", file=sys.stderr)
+        else:
+            print("[bsk] matplotlib not installed: no PNG plots (pip install matplotlib)", file=sys.stderr)
+    # ---- printout: full table to a text file; stdout gets checks, per-case summary, linearity, (verdicts last)
+    txt_path = out_dir / f"bench_{name}.txt"
+    txt_path.write_text(f"{env.get('gpu')} | torch {env.get('torch')} | CUDA {env.get('torch_cuda')} | "
+                        f"{env.get('date')}\n\n" + report.records_table(runner.records) + "\n\n"
+                        + report.small_checks_table(runner.small_checks) + "\n")
+    if runner.small_checks:
+        print(report.small_checks_table(runner.small_checks))
+        print()
+    print(f"GPU: {env.get('gpu')}; TFLOPS: causal = example 88's dense-half count, others = effective (listed "
+          f"blocks); every record (ms, us/head, GB/s, peak MB, rel err) in {txt_path} and {json_path}")
+    print(report.summary_table(runner.records))
+    if data["linearity"]:
+        print()
+        print("time vs non-zero blocks (linear-scaling cases):")
+        print(report.linearity_text(data["linearity"]))
+    if runner.skipped:
+        print(f"\nskipped {len(runner.skipped)}: " + "; ".join(
+            f"{s['case']}{' / ' + s['peer'] if s.get('peer') else ''} ({s['reason']})" for s in runner.skipped[:12])
+            + (" ..." if len(runner.skipped) > 12 else ""))
+    for n in data["notes"]:
+        print(f"note: {n}")
+    print(f"\nwrote {json_path}, {txt_path}" + (", " + ", ".join(str(p) for p in made) if made else "")
+          + f" in {time.monotonic() - t_start:.0f}s")
+    if name == "headline":
+        print()
+        print(headline.verdict_table(data["headline"]))
+    problems = [r for r in runner.records if r.get("kind") == "ours" and r.get("status") != "ok"]
+    problems += [r for r in runner.records if r.get("kind") == "ours" and r.get("check_ok") is False]
+    problems += [c for c in runner.small_checks if c.get("peer", "") and str(c.get("peer")).startswith("ours")
+                 and c.get("status") != "ok"]
+    if runner.fatal:
+        print(f"FATAL: {runner.fatal}", file=sys.stderr)
+        return 1
+    if problems:
+        print(f"{len(problems)} problem(s) with our kernels (errors or failed checks): see the tables above",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from . import compare88
+    if not _cuda_ok():
+        print("compare-88: no CUDA GPU visible; it needs an H100/H200 (sm_90)", file=sys.stderr)
+        return 2
+    try:
+        shapes = [compare88.parse_shape(s) for s in a.shapes] if a.shapes else list(compare88.DEFAULT_SHAPES)
+    except ValueError as e:
+        print(f"compare-88: {e}", file=sys.stderr)
+        return 2
+    res = compare88.run(shapes, a.masks, iterations=a.iterations, repeats=a.repeats, verify=a.verify,
+                        dtype=a.dtype, build_ex88=not a.no_build, rep_ms=a.rep_ms, json_path=a.json or None)
+    bad = [o for r in res["rows"] for o in r["ours"] if o.get("status") != "ok" or o.get("check_ok") is False]
+    return 1 if bad else 0
+
+
+def cmd_profile(a: argparse.Namespace) -> int:
+    from . import profile
+    from .compare88 import parse_shape
+    try:
+        shape = parse_shape(a.shape)
+    except ValueError as e:
+        print(f"profile: {e}", file=sys.stderr)
+        return 2
+    return profile.run(a.config, shape, a.pattern, a.density, a.window, a.dtype, a.out, a.kernel_regex,
+                       a.launch_skip)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

@@ -1,0 +1,159 @@
+"""Timing, memory and allocator-poisoning helpers.
+
+GPU timing uses ``triton.testing.do_bench`` (median; it flushes L2 between repetitions) when triton imports, else
+CUDA events with the same recipe: one call, a short estimate, warm-up for ``warmup_ms``, then ``rep_ms`` worth of
+individually timed calls after an L2 flush each, median. On CPU (only used to test the harness) it is
+``time.perf_counter`` medians.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    reps: int
+    method: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"time_ms": self.median_ms, "time_ms_p20": self.p20_ms, "time_ms_p80": self.p80_ms,
+                "reps": self.reps, "timer": self.method}
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    i = q * (len(s) - 1)
+    lo, hi = int(i), min(int(i) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (i - lo)
+
+
+def _from_samples(xs: list[float], method: str) -> Timing:
+    return Timing(statistics.median(xs), _quantile(xs, 0.2), _quantile(xs, 0.8), len(xs), method)
+
+
+def have_triton() -> bool:
+    try:
+        import triton.testing  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def bench(fn: Callable[[], Any], *, device: str = "cuda", warmup_ms: float = 25.0, rep_ms: float = 100.0,
+          max_reps: int = 1000, use_triton: bool | None = None) -> Timing:
+    """Median time of ``fn()`` in milliseconds."""
+    if device != "cuda":
+        return _bench_cpu(fn, rep_ms=rep_ms, max_reps=max_reps)
+    if use_triton is None:
+        use_triton = have_triton()
+    if use_triton:
+        try:
+            import triton.testing
+            try:
+                xs = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
+                xs = [float(x) for x in xs]
+                return _from_samples(xs, "triton.do_bench")
+            except TypeError:  # older triton without return_mode="all"
+                m = float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+                return Timing(m, m, m, -1, "triton.do_bench")
+        except Exception:
+            # do_bench failing for an API reason must not lose the measurement: fall through to CUDA events.
+            pass
+    return _bench_cuda_events(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, max_reps=max_reps)
+
+
+_L2_FLUSH: Any = None
+
+
+def _flush_l2() -> None:
+    import torch
+    global _L2_FLUSH
+    if _L2_FLUSH is None:
+        _L2_FLUSH = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    _L2_FLUSH.zero_()
+
+
+def _bench_cuda_events(fn: Callable[[], Any], *, warmup_ms: float, rep_ms: float, max_reps: int) -> Timing:
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        _flush_l2()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end) / 5, 1e-3)
+    n_warm = max(1, int(warmup_ms / est))
+    n_rep = max(3, min(max_reps, int(rep_ms / est)))
+    for _ in range(n_warm):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    for i in range(n_rep):
+        _flush_l2()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return _from_samples([s.elapsed_time(e) for s, e in zip(starts, ends)], "cuda-events")
+
+
+def _bench_cpu(fn: Callable[[], Any], *, rep_ms: float, max_reps: int) -> Timing:
+    fn()
+    xs: list[float] = []
+    t_end = time.perf_counter() + rep_ms / 1e3
+    while len(xs) < 3 or (time.perf_counter() < t_end and len(xs) < max_reps):
+        t0 = time.perf_counter()
+        fn()
+        xs.append((time.perf_counter() - t0) * 1e3)
+    return _from_samples(xs, "perf_counter")
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
+
+
+def peak_memory(fn: Callable[[], Any], device: str) -> tuple[int | None, int | None, Any]:
+    """(peak bytes allocated during one call, peak minus what was allocated before, fn's result)."""
+    if device != "cuda":
+        return None, None, fn()
+    import torch
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return peak, peak - base, out
+
+
+def poison_allocator(nbytes: int, device: str) -> None:
+    """Fill a freshly freed block of ``nbytes`` with 0xFF (NaN in fp16/bf16/fp32) so an output allocated next of
+    that size starts as NaN: a kernel that skips writing part of its output is caught by the NaN check."""
+    if device != "cuda" or nbytes <= 0:
+        return
+    import torch
+    t = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    t.fill_(0xFF)
+    del t
+
+
+def free_memory(device: str) -> None:
+    import gc
+    gc.collect()
+    if device == "cuda":
+        import torch
+        torch.cuda.empty_cache()

@@ -1,0 +1,30 @@
+#!/usr/bin/env python
+"""Our kernels vs CUTLASS example 88 on the same shapes, in one run (a thin wrapper over ``compare-88``).
+
+    python examples/compare_ex88.py                                   # default shapes, full + causal
+    python examples/compare_ex88.py --shapes 2x16x8192x128 --masks full --iterations 50
+
+Same as ``python -m blackwell_sparsek compare-88 ...``; see docs/bench.md. Skips (exit 0) without a CUDA GPU;
+exit 1 when one of our kernels fails or disagrees with torch SDPA.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    try:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    except Exception as e:  # noqa: BLE001
+        print(f"SKIP: torch is not usable ({e})")
+        return 0
+    if not has_cuda:
+        print("SKIP: no CUDA GPU visible; compare-88 needs an H100/H200 (sm_90)")
+        return 0
+    from blackwell_sparsek.bench.cli import main as bench_main
+    return bench_main(["compare-88", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+#!/usr/bin/env python
+"""Generate and build one kernel from a config: prints its name, the .cu source, the built .so and the build time.
+
+    python examples/generate_kernel.py                                  # sm90_fwd_d128_fp16_coop_128x128
+    python examples/generate_kernel.py sm90_fwd_d64_bf16_pingpong_128x128
+    python examples/generate_kernel.py '{"family": "attn_fwd", "head_dim": 128, "stages": 3}' --out /tmp/k
+
+Needs nvcc and the CUTLASS headers (pip install nvidia-cutlass==4.2.0.0), not a GPU. The build goes to the kernel
+cache ($BSK_CACHE_DIR or ~/.cache/blackwell_sparsek); a second run is a cache hit. Exit 0 = built (or skipped
+because no toolchain is installed), 1 = the config or the compile failed.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config", nargs="?", default="sm90_fwd_d128_fp16_coop_128x128",
+                    help="named config, inline JSON or a .json file (default: %(default)s)")
+    ap.add_argument("--out", default=None, help="directory for the generated .cu (default: a temp dir)")
+    a = ap.parse_args()
+
+    import blackwell_sparsek as bsk
+    from blackwell_sparsek.config import resolve_config
+    from blackwell_sparsek.errors import BskError, InvalidConfigError, KernelCompileError, ToolchainError
+
+    try:
+        cfg = resolve_config(a.config)
+    except InvalidConfigError as e:
+        print(f"FAIL: invalid config: {e}")
+        return 1
+    out_dir = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bsk-generate-"))
+    cu = bsk.generate(cfg, out_dir / f"{cfg.kernel_name}.cu")
+    print(f"config       : {cfg.to_json()}")
+    print(f"kernel name  : {cfg.kernel_name}")
+    print(f"generated .cu: {cu} ({Path(cu).stat().st_size} bytes)")
+
+    from blackwell_sparsek.cache import ensure_built
+    t0 = time.monotonic()
+    try:
+        entry = ensure_built(cfg, progress=True)
+    except ToolchainError as e:
+        print(f"SKIP build: no usable CUDA toolchain here ({e})")
+        return 0
+    except KernelCompileError as e:
+        print(f"FAIL: nvcc failed:\n{e}")
+        return 1
+    except BskError as e:
+        print(f"FAIL: {e}")
+        return 1
+    dt = time.monotonic() - t0
+    print(f"built .so    : {entry.so_path} ({entry.so_path.stat().st_size} bytes)")
+    print(f"build time   : {dt:.2f} s ({'compiled now' if entry.built else 'cache hit'})")
+    print(f"cache entry  : {entry.path} (meta.json, kernel.cu, nvcc log)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

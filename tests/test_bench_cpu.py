@@ -1,0 +1,626 @@
+"""CPU-only tests of the benchmark harness: example-88 output parsing, build cache and curand discovery (with a fake
+nvcc and a fake binary), flop arithmetic, JSON, plots, ncu CSV parsing, the CLI plan, and one tiny end-to-end run
+of the harness on CPU (ours = the reference fallback). No GPU, no real nvcc compile."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from blackwell_sparsek.bench import ex88, metrics
+from blackwell_sparsek.errors import KernelCompileError, ToolchainError
+
+# ---------------------------------------------------------------------------------------------------------------
+# example 88 output parsing (text captured from the format of print_result / main_single in 88_hopper_fmha.cu)
+# ---------------------------------------------------------------------------------------------------------------
+
+SAMPLE_D128 = """\
+###### B 2 H 16 Q 8192 K 8192 D 128 Forward Full #SM 132
+ [--] tma ws cooperative 128x128x128    : 652.317 TFLOPS/s
+       t=1.68536ms, smem=164096b
+ [--] tma ws ping-pong 128x128x128      : 640.12 TFLOPS/s
+       t=1.7174ms, smem=197888b
+"""
+
+SAMPLE_D64_VERIFY = """\
+###### B 1 H 8 Q 8192 K 8192 D 64 Forward Causal #SM 132
+ [OK]  tma 64x128x64                    : 232.5 TFLOPS/s
+ [OK]  tma ws cooperative 128x64x64     : 183.25 TFLOPS/s
+[FAIL] tma ws ping-pong 128x64x64       : 0 TFLOPS/s
+"""
+
+
+def test_parse_output_records():
+    recs = ex88.parse_output(SAMPLE_D128)
+    assert [r["kernel"] for r in recs] == ["tma ws cooperative 128x128x128", "tma ws ping-pong 128x128x128"]
+    assert recs[0]["tflops"] == pytest.approx(652.317)
+    assert recs[0]["status"] == "unverified"
+    assert recs[0]["time_ms"] == pytest.approx(1.68536)
+    assert recs[0]["smem_bytes"] == 164096
+    assert (recs[0]["b"], recs[0]["h"], recs[0]["q"], recs[0]["k"], recs[0]["d"]) == (2, 16, 8192, 8192, 128)
+    assert recs[0]["mask"] == "full" and recs[0]["direction"] == "forward" and recs[0]["sm_count"] == 132
+
+
+def test_parse_output_verify_fail_and_sections():
+    recs = ex88.parse_output(SAMPLE_D128 + SAMPLE_D64_VERIFY)
+    assert len(recs) == 5
+    st = {r["kernel"]: r["status"] for r in recs}
+    assert st["tma 64x128x64"] == "ok"
+    assert st["tma ws ping-pong 128x64x64"] == "fail"
+    assert recs[2]["mask"] == "causal" and recs[2]["d"] == 64 and recs[2]["time_ms"] is None
+
+
+def test_parse_output_garbage_and_nan():
+    text = "some banner\n [--] tma 64x128x64 : nan TFLOPS/s\nno result here\n"
+    recs = ex88.parse_output(text)
+    assert len(recs) == 1 and math.isnan(recs[0]["tflops"]) and recs[0]["b"] is None
+    assert ex88.parse_output("") == []
+
+
+def test_summarize_median_and_best():
+    runs = [ex88.parse_output(SAMPLE_D128),
+            ex88.parse_output(SAMPLE_D128.replace("652.317", "600").replace("t=1.68536ms", "t=1.8ms")),
+            ex88.parse_output(SAMPLE_D128.replace("652.317", "700").replace("t=1.68536ms", "t=1.6ms"))]
+    summ = ex88.summarize(runs, causal=False)
+    coop = summ[0]
+    assert coop["tflops"] == pytest.approx(652.317)
+    assert coop["time_ms"] == pytest.approx(1.68536)
+    assert coop["samples_tflops"] == [pytest.approx(652.317), 600.0, 700.0]
+    assert ex88.best(summ)["kernel"] == "tma ws cooperative 128x128x128"
+
+
+def test_summarize_time_from_flops_and_failures():
+    summ = ex88.summarize([ex88.parse_output(SAMPLE_D64_VERIFY)], causal=True)
+    tma = summ[0]
+    fl = ex88.flops(1, 8, 8192, 8192, 64, causal=True)
+    assert tma["time_ms"] == pytest.approx(fl / (232.5e12) * 1e3)
+    pp = summ[2]
+    assert pp["status"] == "fail" and pp["tflops"] is None and pp["failures"] == 1
+    assert ex88.best(summ)["kernel"] == "tma 64x128x64"
+
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def test_run_and_measure_with_fake_binary(tmp_path):
+    out = tmp_path / "out.txt"
+    out.write_text(SAMPLE_D128)
+    args = tmp_path / "args.txt"
+    fake = _script(tmp_path / "88_hopper_fmha", f'echo "$@" >> {args}\ncat {out}\n')
+    res = ex88.measure(fake, b=2, h=16, q=8192, d=128, iterations=25, repeats=2)
+    assert res["best"]["tflops"] == pytest.approx(652.317)
+    calls = args.read_text().splitlines()
+    assert len(calls) == 2
+    assert "--iterations=25" in calls[0] and "--mask=no" in calls[0] and "--verbose" in calls[0]
+    assert "--k=8192" in calls[0]
+
+
+def test_run_errors(tmp_path):
+    silent = _script(tmp_path / "silent", 'echo "cudaGetDeviceProperties() returned an error" >&2\n')
+    with pytest.raises(ex88.Ex88Error, match="printed no results"):
+        ex88.run(silent, b=1, h=1, q=128, d=64)
+    hopper = _script(tmp_path / "hopper", 'echo "This example requires a GPU of NVIDIA\'s Hopper Architecture"\n')
+    with pytest.raises(ex88.Ex88Error, match="Hopper"):
+        ex88.run(hopper, b=1, h=1, q=128, d=64)
+    with pytest.raises(ValueError):
+        ex88.run(hopper, b=1, h=1, q=128, d=64, mask="diagonal")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# curand discovery, cache key, build cache (fake nvcc), import, BSK_EX88_BIN
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_curand_missing_is_a_clear_toolchain_error(tmp_path):
+    with pytest.raises(ToolchainError) as ei:
+        ex88.find_curand_include(cuda_homes=[tmp_path / "cuda"], nvidia_dirs=[tmp_path / "nvidia"])
+    msg = str(ei.value)
+    assert "pip install nvidia-curand" in msg and "curand_kernel.h" in msg
+
+
+def test_curand_found_in_pip_package_and_cuda_home(tmp_path):
+    pip_inc = tmp_path / "nvidia" / "cu13" / "include"
+    pip_inc.mkdir(parents=True)
+    (pip_inc / "curand_kernel.h").write_text("// fake\n")
+    assert ex88.find_curand_include(cuda_homes=[tmp_path / "cuda"], nvidia_dirs=[tmp_path / "nvidia"]) == pip_inc
+    home_inc = tmp_path / "cuda" / "include"
+    home_inc.mkdir(parents=True)
+    (home_inc / "curand_kernel.h").write_text("// fake\n")
+    assert ex88.find_curand_include(cuda_homes=[tmp_path / "cuda"], nvidia_dirs=[tmp_path / "nvidia"]) == home_inc
+
+
+def _fake_cutlass(root: Path) -> Path:
+    (root / "include" / "cutlass").mkdir(parents=True)
+    (root / "include" / "cutlass" / "version.h").write_text(
+        "#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n#define CUTLASS_PATCH 0\n")
+    ex = root / "examples" / ex88.EX88
+    ex.mkdir(parents=True)
+    (ex / f"{ex88.EX88}.cu").write_text("int main() { return 0; }\n")
+    (root / "examples" / "common").mkdir(parents=True)
+    (root / "examples" / "common" / "helper.h").write_text("// helper\n")
+    return root
+
+
+def _toolchain(tmp_path: Path, nvcc: Path) -> ex88.Toolchain:
+    src = _fake_cutlass(tmp_path / "cutlass")
+    fields = ex88.key_fields(src, "nvcc: fake 13.0")
+    return ex88.Toolchain(nvcc, "nvcc: fake 13.0", src, fields, ex88.cache_key(fields))
+
+
+def test_cache_key_depends_on_source_and_nvcc(tmp_path):
+    src = _fake_cutlass(tmp_path / "c")
+    f1 = ex88.key_fields(src, "nvcc A")
+    assert f1["cutlass_version"] == "4.2.0"
+    assert ex88.cache_key(f1) == ex88.cache_key(ex88.key_fields(src, "nvcc A"))
+    assert ex88.cache_key(f1) != ex88.cache_key(ex88.key_fields(src, "nvcc B"))
+    (src / "examples" / ex88.EX88 / f"{ex88.EX88}.cu").write_text("int main() { return 1; }\n")
+    assert ex88.cache_key(f1) != ex88.cache_key(ex88.key_fields(src, "nvcc A"))
+    # machine-specific paths never enter the key
+    assert not any("/" in f and "<" not in f for f in f1["flags"] if f.startswith("-I"))
+
+
+def test_build_with_fake_nvcc_caches_and_survives_corruption(tmp_path, monkeypatch):
+    monkeypatch.setenv("BSK_CACHE_DIR", str(tmp_path / "cache"))
+    inc = tmp_path / "curand"
+    inc.mkdir()
+    monkeypatch.setattr(ex88, "find_curand_include", lambda *a, **k: inc)
+    count = tmp_path / "count"
+    nvcc = _script(tmp_path / "nvcc", f'''echo x >> {count}
+out=""
+while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
+printf '#!/bin/sh\\necho built\\n' > "$out"; chmod +x "$out"
+''')
+    tc = _toolchain(tmp_path, nvcc)
+    b1 = ex88.build(tc, progress=False)
+    assert b1.is_file() and b1.parent == tc.entry
+    meta = json.loads((tc.entry / "meta.json").read_text())
+    assert meta["key"] == tc.key and meta["binary_size"] == b1.stat().st_size
+    assert ex88.build(tc, progress=False) == b1
+    assert len(count.read_text().split()) == 1          # second call is a cache hit
+    b1.write_text("#!/bin/sh\necho corrupted\n")          # corrupt: sha mismatch -> rebuild
+    assert ex88._valid_entry(tc.entry, tc.key) is None
+    ex88.build(tc, progress=False)
+    assert len(count.read_text().split()) == 2
+    assert not list((tmp_path / "cache" / "ex88").glob(".staging-*"))
+
+
+def test_build_failure_keeps_dir_and_raises(tmp_path, monkeypatch):
+    monkeypatch.setenv("BSK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(ex88, "find_curand_include", lambda *a, **k: tmp_path)
+    nvcc = _script(tmp_path / "nvcc", 'echo "88_hopper_fmha.cu(12): error: identifier oops is undefined"\nexit 2\n')
+    tc = _toolchain(tmp_path, nvcc)
+    with pytest.raises(KernelCompileError) as ei:
+        ex88.build(tc, progress=False)
+    msg = str(ei.value)
+    assert "identifier oops" in msg and "repro:" in msg and "build dir kept" in msg
+    assert ex88._valid_entry(tc.entry, tc.key) is None
+    assert list((tmp_path / "cache" / "ex88").glob("failed-*"))
+
+
+def test_import_binary_and_env_override(tmp_path, monkeypatch):
+    monkeypatch.setenv("BSK_CACHE_DIR", str(tmp_path / "cache"))
+    tc = _toolchain(tmp_path, tmp_path / "nvcc-unused")
+    built = _script(tmp_path / "prebuilt", "echo hi\n")
+    p = ex88.import_binary(built, tc, note="test")
+    assert p.is_file() and ex88._valid_entry(tc.entry, tc.key) == p
+    assert json.loads((tc.entry / "meta.json").read_text())["imported_from"].endswith("prebuilt")
+    monkeypatch.setenv("BSK_EX88_BIN", str(built))
+    assert ex88.locate(build_if_missing=False) == built
+    monkeypatch.setenv("BSK_EX88_BIN", str(tmp_path / "missing"))
+    with pytest.raises(ToolchainError, match="BSK_EX88_BIN"):
+        ex88.locate(build_if_missing=False)
+
+
+def test_build_command_matches_reference_flags(tmp_path):
+    cmd = ex88.build_command("nvcc", Path("/src"), "/curand", "out")
+    s = " ".join(cmd)
+    for flag in ("-std=c++17", "-O3", "--use_fast_math", "-DNDEBUG", "--expt-relaxed-constexpr",
+                 "-gencode=arch=compute_90a,code=sm_90a", "-I/src/include", "-I/src/tools/util/include",
+                 "-I/src/examples/common", "-I/src/examples/88_hopper_fmha", "-isystem /curand", "-o out",
+                 "/src/examples/88_hopper_fmha/88_hopper_fmha.cu -lcuda"):
+        assert flag in s
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# flop arithmetic and fits
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_block_pairs_and_effective_flops():
+    # headline 25% case: B=2, H=16, S=8192 -> 64 query rows x 16 blocks per row, per-head layout (Hl = H)
+    nnz_per_head = 64 * 16
+    assert metrics.block_pairs_total(nnz_per_head * 16, 16, 2, 16) == 2 * 16 * 1024
+    assert metrics.block_pairs_total(nnz_per_head, 1, 2, 16) == 2 * 16 * 1024      # shared layout
+    assert metrics.block_pairs_total(nnz_per_head * 4, 4, 2, 16) == 2 * 4 * nnz_per_head * 4  # grouped
+    with pytest.raises(ValueError):
+        metrics.block_pairs_total(10, 3, 1, 16)
+    f = metrics.effective_flops(2 * 16 * 1024, 128, 128, 128)
+    assert f == 4 * 128 * 128 * 128 * 2 * 16 * 1024
+    # 25% of dense flops exactly
+    assert f == pytest.approx(0.25 * metrics.dense_flops(2, 16, 8192, 8192, 128))
+    assert metrics.effective_flops(1, 128, 128, 64, backward=True) == pytest.approx(3.5 * 4 * 64 * 128 * 128)
+
+
+def test_dense_flops_and_rates():
+    full = metrics.dense_flops(2, 16, 8192, 8192, 128)
+    assert full == 4.0 * 2 * 16 * 8192 * 8192 * 128
+    assert metrics.dense_flops(2, 16, 8192, 8192, 128, causal=True) == full / 2
+    assert ex88.flops(2, 16, 8192, 8192, 128, causal=True) == full / 2
+    assert metrics.tflops(1e12, 1.0) == pytest.approx(1000.0)
+    assert metrics.tflops(1e12, 0) is None and metrics.tflops(1e12, None) is None
+    assert metrics.gbps(2e9, 1.0) == pytest.approx(2000.0)
+    assert metrics.io_bytes(1, 2, 8, 8, 4) == (2 * 1 * 2 * 8 * 4 + 2 * 1 * 2 * 8 * 4) * 2
+    assert metrics.window_pairs(10, 3) == 1 + 2 + 3 * 8
+    assert metrics.window_pairs(4, 100) == 10
+
+
+def test_linear_fit():
+    xs = [1000, 2000, 4000, 8000]
+    fit = metrics.linear_fit(xs, [2.0 * x for x in xs])
+    assert fit["ok"] and fit["max_dev_from_proportional"] == pytest.approx(0.0, abs=1e-12)
+    assert fit["slope"] == pytest.approx(2.0) and fit["r2"] == pytest.approx(1.0)
+    off = metrics.linear_fit(xs, [2.0 * x + 1000 for x in xs])
+    assert off["intercept"] == pytest.approx(1000.0) and off["max_dev_from_proportional"] > 0.1
+    assert off["per_unit_spread"] == pytest.approx(3.0 / 2.125 - 1)
+    assert not metrics.linear_fit([1], [1])["ok"]
+
+
+def test_rel_error():
+    torch = pytest.importorskip("torch")
+    a = torch.ones(1000)
+    b = torch.ones(1000)
+    assert metrics.rel_error(a, b)["rel_err"] == 0.0
+    b2 = b * 1.01
+    assert metrics.rel_error(b2, b, chunk_rows=7)["rel_err"] == pytest.approx(0.01, rel=1e-4)
+    a[3] = float("nan")
+    e = metrics.rel_error(a, b)
+    assert e["nonfinite"] == 1 and e["rel_err"] == float("inf")
+
+
+def test_case_flops_with_real_layouts():
+    pytest.importorskip("torch")
+    from blackwell_sparsek.bench.harness import Case, build_layout, case_flops
+    c = Case(b=2, h=16, s=8192, d=128, pattern="topk", density=0.25, device="cpu")
+    assert c.topk_k() == 16
+    lay, causal = build_layout(c)
+    assert not causal and lay.num_heads == 16
+    fl = case_flops(c, lay)
+    assert fl["block_pairs"] == 2 * 16 * 64 * 16
+    assert fl["flops"] == fl["flops_blocks"] == pytest.approx(0.25 * metrics.dense_flops(2, 16, 8192, 8192, 128))
+    cc = Case(b=1, h=2, s=1024, d=64, pattern="causal", device="cpu")
+    fl2 = case_flops(cc, build_layout(cc)[0])
+    assert fl2["flops"] == metrics.dense_flops(1, 2, 1024, 1024, 64, causal=True)       # example 88's convention
+    assert fl2["flops_blocks"] == metrics.effective_flops(2 * (8 * 9 // 2), 128, 128, 64)  # diagonal blocks count
+    w = Case(b=1, h=2, s=4096, d=64, pattern="window", window=2048, device="cpu")
+    lw, _ = build_layout(w)
+    assert lw.num_heads == 1 and 0 < lw.density < 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JSON, tables, plots
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_write_json_sanitizes_and_is_atomic(tmp_path):
+    from blackwell_sparsek.bench import report
+    p = report.write_json(tmp_path / "sub" / "r.json",
+                          {"a": float("nan"), "b": [1.5, float("inf")], "c": {3, 1}, "d": (1, 2), "p": tmp_path})
+    data = json.loads(p.read_text())
+    assert data == {"a": None, "b": [1.5, None], "c": [1, 3], "d": [1, 2], "p": str(tmp_path)}
+    assert not list(p.parent.glob(".*.tmp"))
+
+
+def test_environment_without_gpu():
+    from blackwell_sparsek.bench import report
+    env = report.environment()
+    assert "date" in env and "torch" in env
+    json.dumps(report.sanitize(env))
+
+
+def _synthetic_records():
+    recs = []
+    for peer, eff in (("ours-coop", 600.0), ("ours-pp", 620.0), ("flex", 380.0)):
+        for s in (2048, 8192, 32768):
+            for pat, dens in (("dense", 0.0), ("topk", 0.25), ("window", 0.0)):
+                if peer == "flex" and pat == "window":
+                    continue
+                pairs = (s // 128) * (s // 128 if pat == "dense" else 16)
+                ms = 4 * 128 * 128 * 128 * pairs / (eff * 1e12) * 1e3
+                recs.append({"case": f"{pat} S{s}", "peer": peer, "kind": peer.split("-")[0], "pattern": pat,
+                             "b": 1, "h": 1, "s": s, "d": 128, "window": 2048 if pat == "window" else 0,
+                             "density_target": dens, "density": 0.25 if pat == "topk" else 1.0,
+                             "groups": ["seq"] + (["linear"] if pat == "window" else [])
+                             + (["density"] if s == 8192 and pat != "window" else []),
+                             "status": "ok", "time_ms": ms, "tflops": eff, "block_pairs": pairs,
+                             "us_per_head": ms * 1e3, "gbps": 100.0, "peak_mem_mb": 10.0})
+    return recs
+
+
+def test_tables_and_linearity():
+    from blackwell_sparsek.bench import report
+    recs = _synthetic_records()
+    txt = report.records_table(recs)
+    assert "ours-coop" in txt and "TFLOPS" in txt
+    lin = report.linearity(recs)
+    assert set(lin) == {"ours-coop", "ours-pp"}
+    assert lin["ours-coop"]["max_dev_from_proportional"] == pytest.approx(0.0, abs=1e-9)
+    assert lin["ours-coop"]["within_10pct"] and lin["ours-coop"]["min_tflops"] == pytest.approx(600.0)
+    assert "max deviation" in report.linearity_text(lin)
+    assert report.best_by(recs, "topk S8192", "ours")["peer"] == "ours-pp"
+
+
+def test_plots_with_synthetic_data(tmp_path):
+    pytest.importorskip("matplotlib")
+    from blackwell_sparsek.bench import plots
+    made = plots.make_all(_synthetic_records(), tmp_path, "t")
+    names = sorted(p.name for p in made)
+    assert names == ["t_tflops_vs_density.png", "t_tflops_vs_seq_d128.png", "t_time_vs_nnz.png"]
+    for p in made:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    assert plots.make_all([], tmp_path / "empty", "e") == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compare-88 / headline / profile helpers
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_parse_shape():
+    from blackwell_sparsek.bench.compare88 import parse_shape
+    assert parse_shape("2x16x8192x128") == (2, 16, 8192, 128)
+    assert parse_shape("1,8,8192,64") == (1, 8, 8192, 64)
+    assert parse_shape("B=16 H=16 Q=1024 D=128") == (16, 16, 1024, 128)
+    for bad in ("2x16x8192", "axbxcxd", "0x1x2x3", "B=1 H=2"):
+        with pytest.raises(ValueError):
+            parse_shape(bad)
+
+
+def test_compare_table():
+    from blackwell_sparsek.bench.compare88 import table
+    summ = ex88.summarize([ex88.parse_output(SAMPLE_D128)], causal=False)
+    row = {"b": 2, "h": 16, "s": 8192, "d": 128, "mask": "full", "ex88": {"kernels": summ, "best": ex88.best(summ)},
+           "ours": [{"impl": "ours-coop", "tflops": 660.0, "vs_sdpa_rel_err": 3e-4},
+                    {"impl": "ours-pp", "tflops": 650.0, "vs_sdpa_rel_err": 2e-4}],
+           "ex88_best": ex88.best(summ), "ratio": 660.0 / 652.317}
+    txt = table([row, {"b": 1, "h": 8, "s": 8192, "d": 64, "mask": "causal", "ex88": {"error": "no binary"},
+                       "ours": [], "ex88_best": None, "ratio": None}])
+    assert "coop 128x128x128 652" in txt and "1.012x" in txt and "error: no binary" in txt
+
+
+def test_headline_verdicts():
+    from blackwell_sparsek.bench import headline, report
+    cs = headline.cases("cpu")
+    recs = []
+
+    def rec(case, peer, kind, tf, **kw):
+        r = {"case": case.name, "peer": peer, "kind": kind, "tflops": tf, "status": "ok", "groups": list(case.groups),
+             "s": case.s}
+        r.update(kw)
+        recs.append(r)
+    rec(cs[0], "ours-coop", "ours", 680.0)
+    rec(cs[0], "ex88 tma ws cooperative 128x128x128", "ex88", 670.0)
+    rec(cs[1], "ours-pp", "ours", 590.0)
+    rec(cs[1], "flex", "flex", 376.0)
+    rec(cs[2], "ours-coop", "ours", 400.0)
+    rec(cs[2], "ex88 tma 64x128x64", "ex88", 465.0)
+    for i, c in enumerate(cs[4:]):
+        pairs = (c.s // 128) * 17
+        rec(c, "ours-pp", "ours", 560.0, block_pairs=pairs, time_ms=pairs * 1e-4 * (1.0 + 0.02 * i))
+    lin = report.linearity(recs)
+    rows = headline.verdicts(recs, lin, "cpu")
+    met = [r["met"] for r in rows]
+    assert met == [True, False, False, None, True, True]
+    txt = headline.verdict_table(rows)
+    assert "MET" in txt and "MISSED" in txt and "n/a" in txt
+
+
+NCU_RAW = '''==PROF== Connected to process 123
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","gpu__time_duration.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed","launch__registers_per_thread","launch__shared_mem_per_block_dynamic","sm__warps_active.avg.pct_of_peak_sustained_active","dram__bytes.sum.per_second","sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
+"","","","","","","","nsecond","%","register/thread","byte","%","Tbyte/second","%"
+"0","123","python","host","void cutlass::device_kernel<bsk_sm90a_attn_fwd_d128_fp16>(T1::Params)","1","7","1,693,568","85.12","168","164,864","24.5","1.25","79.9"
+'''
+
+
+def test_ncu_raw_csv_parsing():
+    from blackwell_sparsek.bench import profile
+    rows = profile.parse_raw_csv(NCU_RAW)
+    assert len(rows) == 1
+    km = profile.key_metrics(rows[0])
+    assert km["duration"]["value"] == pytest.approx(1693.568)       # ns -> us
+    assert km["SM throughput"]["value"] == pytest.approx(85.12)
+    assert km["registers / thread"]["value"] == 168
+    assert km["dynamic smem / block"]["value"] == 164864
+    assert km["DRAM bandwidth"]["value"] == pytest.approx(1250.0)    # TB/s -> GB/s
+    assert km["tensor pipe (GMMA) active"]["value"] == pytest.approx(79.9)
+    assert "bsk_sm90a" in km["_kernel"]
+    assert profile.parse_raw_csv("no csv here") == []
+    md = profile.markdown({"kernel": "k", "env": {"gpu": "H100"}, "case": "c", "config": "x",
+                           "metrics": {k: v for k, v in km.items() if not k.startswith("_")}})
+    assert "| SM throughput |" in md
+
+
+def test_profile_without_ncu(monkeypatch, capsys):
+    from blackwell_sparsek.bench import profile
+    monkeypatch.setattr(profile, "find_ncu", lambda: None)
+    assert profile.run(None, (1, 1, 128, 64)) == 2
+    assert "ncu" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CLI and the harness end to end on CPU
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_cli_plan_and_no_gpu(capsys):
+    from blackwell_sparsek.bench.cli import main
+    assert main(["bench", "--quick", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "cases" in out and "window2K B1 H16 S128K D128" in out
+    assert main(["bench", "--headline", "--list"]) == 0
+    assert "S256K" in capsys.readouterr().out
+    assert main(["nope"]) == 2
+    import torch
+    if not torch.cuda.is_available():
+        assert main(["bench", "--quick"]) == 2
+        assert main(["compare-88"]) == 2
+        assert "GPU" in capsys.readouterr().err
+
+
+def test_presets_fit_their_budgets():
+    from blackwell_sparsek.bench import harness
+    for name, budget in (("quick", 180.0), ("full", 450.0)):
+        cases = harness.preset(name)
+        assert len({c.key for c in cases}) == len(cases)
+        est = sum(harness.estimate_case_seconds(c, 5) for c in cases)
+        assert est < budget, (name, est)
+    full = harness.preset("full")
+    assert max(c.s for c in full if c.pattern == "window") == 512 * 1024
+    assert {c.d for c in full} == {64, 128}
+    assert {round(c.density, 3) for c in full if c.pattern == "topk"} == {0.125, 0.25, 0.5}
+
+
+def test_progress_lines():
+    import io
+    from blackwell_sparsek.bench.harness import Progress
+    buf = io.StringIO()
+    p = Progress(4, stream=buf)
+    p.update("first")
+    p.update("done one", advance=True)
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("[bsk bench   0/4") and "first" in lines[0]
+    assert "1/4" in lines[1] and "25%" in lines[1] and "left" in lines[1]
+
+
+def test_timing_cpu():
+    from blackwell_sparsek.bench import timing
+    t = timing.bench(lambda: sum(range(1000)), device="cpu", rep_ms=5)
+    assert t.reps >= 3 and t.p20_ms <= t.median_ms <= t.p80_ms and t.method == "perf_counter"
+    assert timing._quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0
+
+
+def test_harness_tiny_run_on_cpu(tmp_path):
+    """Ours (reference fallback on CPU) + SDPA math: records, cross-checks, small reference checks, JSON, plots."""
+    pytest.importorskip("torch")
+    from blackwell_sparsek.bench import harness, report
+    from blackwell_sparsek.bench.peers import Sdpa, our_configs, Ours
+
+    cases = [harness.Case(b=1, h=2, s=256, d=64, pattern="dense", device="cpu", groups=("seq",)),
+             harness.Case(b=1, h=2, s=256, d=64, pattern="topk", density=0.5, device="cpu", groups=("seq",))]
+    peers = [Ours(c, n) for n, c in our_configs(64, "fp16")][:1] + [Sdpa("math")]
+    opts = harness.RunOptions(rep_ms=1.0, warmup_ms=0.0, small_check_seq=256)
+    written = []
+    import io
+    r = harness.Runner(cases, opts, peers_for=lambda c: peers, progress=harness.Progress(2, stream=io.StringIO()),
+                       on_case_done=lambda rr: written.append(report.write_json(tmp_path / "b.json",
+                                                                                {"records": rr.records})))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        r.run()
+    assert len(written) == 2
+    by = {(x["case"], x["peer"]): x for x in r.records}
+    dense = by[(cases[0].name, "sdpa-math")]
+    assert dense["status"] == "ok" and dense["check_vs"] == "ours-coop" and dense["check_ok"]
+    assert dense["tflops"] > 0 and dense["us_per_head"] > 0 and dense["time_ms"] > 0
+    assert (cases[1].name, "sdpa-math") not in by                   # SDPA has no block-sparse mask
+    assert by[(cases[1].name, "ours-coop")]["block_pairs"] == 2 * 2 * 1
+    assert all(c["status"] == "ok" for c in r.small_checks), r.small_checks
+    assert {c["peer"] for c in r.small_checks} == {"ours-coop", "sdpa-math"}
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert len(data["records"]) == 3
+
+
+def test_runner_budget_skips(tmp_path):
+    import io
+    from blackwell_sparsek.bench import harness
+    cases = [harness.Case(b=1, h=1, s=128, d=64, device="cpu")]
+    r = harness.Runner(cases, harness.RunOptions(budget_s=0.0), peers_for=lambda c: [],
+                       progress=harness.Progress(1, stream=io.StringIO()))
+    r.run()
+    assert r.records == [] and r.skipped and "time budget" in r.skipped[0]["reason"]
+
+
+def test_fatal_cuda_detection():
+    from blackwell_sparsek.bench.harness import _is_fatal_cuda
+    assert _is_fatal_cuda(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not _is_fatal_cuda(RuntimeError("CUDA out of memory"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="shell scripts")
+def test_examples_skip_cleanly_without_cuda():
+    import subprocess
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    for ex in ("sparse_attention.py", "compare_ex88.py", "long_context.py"):
+        p = subprocess.run([sys.executable, str(repo / "examples" / ex)], capture_output=True, text=True,
+                           timeout=120, env=env)
+        assert p.returncode == 0, (ex, p.stdout, p.stderr)
+        assert "skip" in (p.stdout + p.stderr).lower()
+
+
+def test_compare88_plumbing_on_cpu(tmp_path, monkeypatch, capsys):
+    """compare88.run end to end on CPU: example 88 = a fake binary printing captured output, ours = reference."""
+    pytest.importorskip("torch")
+    from blackwell_sparsek.bench import compare88
+    out = tmp_path / "out.txt"
+    out.write_text(SAMPLE_D128.replace("B 2 H 16 Q 8192 K 8192 D 128", "B 1 H 2 Q 256 K 256 D 128"))
+    monkeypatch.setenv("BSK_EX88_BIN", str(_script(tmp_path / "88_hopper_fmha", f"cat {out}\n")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = compare88.run([(1, 2, 256, 128)], ["full", "causal"], repeats=2, rep_ms=1.0, warmup_ms=0.0,
+                            json_path=str(tmp_path / "c.json"), device="cpu")
+    assert len(res["rows"]) == 2
+    row = res["rows"][0]
+    assert row["ex88_best"]["kernel"] == "tma ws cooperative 128x128x128"
+    assert {o["impl"] for o in row["ours"]} == {"ours-coop", "ours-pp"}
+    assert all(o["status"] == "ok" and o["check_ok"] for r in res["rows"] for o in r["ours"]), res["rows"]
+    assert row["ratio"] is not None and row["ratio"] > 0
+    assert json.loads((tmp_path / "c.json").read_text())["rows"][1]["mask"] == "causal"
+    assert "ours/ex88" in capsys.readouterr().out
+
+
+def test_profile_plumbing_with_fake_ncu(tmp_path, monkeypatch, capsys):
+    """profile.run end to end with a fake ncu that runs the launcher (on CPU) and serves captured raw CSV."""
+    pytest.importorskip("torch")
+    from blackwell_sparsek.bench import profile
+    raw = tmp_path / "raw.csv"
+    raw.write_text(NCU_RAW)
+    calls = tmp_path / "calls"
+    ncu = _script(tmp_path / "ncu", f'''echo "$@" >> {calls}
+if [ "$1" = "--query-metrics" ]; then
+  echo "sm__pipe_tensor_op_gmma_cycles_active    Counter    # of cycles the GMMA pipe was active"
+  echo "dram__bytes                              Counter    # of bytes"
+  exit 0
+fi
+if [ "$1" = "--import" ]; then cat {raw}; exit 0; fi
+exp=""
+while [ $# -gt 0 ]; do
+  case "$1" in --export) exp="$2"; shift ;; --force-overwrite) shift; break ;; esac
+  shift
+done
+"$@" || exit 1
+touch "$exp.ncu-rep"
+''')
+    monkeypatch.setattr(profile, "find_ncu", lambda: str(ncu))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rc = profile.run(None, (1, 1, 256, 64), out_dir=str(tmp_path / "res"), device="cpu")
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    prof = [ln for ln in calls.read_text().splitlines() if "--kernel-name" in ln][0]
+    assert "--kernel-name regex:bsk_" in prof and "--launch-skip 2 --launch-count 1" in prof
+    assert "--section SpeedOfLight" in prof and "--section Occupancy" in prof and "--section LaunchStats" in prof
+    assert "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" in prof
+    assert "lts__t_sector_hit_rate" not in prof                     # not offered by this (fake) ncu
+    js = list((tmp_path / "res").glob("profile_*.json"))
+    assert len(js) == 1 and (tmp_path / "res" / "tmp").is_dir()
+    data = json.loads(js[0].read_text())
+    assert data["metrics"]["registers / thread"]["value"] == 168
+    assert "bsk_sm90a" in data["profiled_kernel"]
+    assert js[0].with_suffix(".md").is_file()

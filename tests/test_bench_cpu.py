@@ -500,6 +500,8 @@ def test_timing_cpu():
     t = timing.bench(lambda: sum(range(1000)), device="cpu", rep_ms=5)
     assert t.reps >= 3 and t.p20_ms <= t.median_ms <= t.p80_ms and t.method == "perf_counter"
     assert timing._quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0
+    lt = timing.loop_bench(lambda: sum(range(1000)), device="cpu", n=5, est_ms=1000.0)
+    assert lt.reps == 3 and lt.method == "loop5-perf_counter"
 
 
 def test_harness_tiny_run_on_cpu(tmp_path):
@@ -569,18 +571,19 @@ def test_compare88_plumbing_on_cpu(tmp_path, monkeypatch, capsys):
     pytest.importorskip("torch")
     from blackwell_sparsek.bench import compare88
     out = tmp_path / "out.txt"
-    out.write_text(SAMPLE_D128.replace("B 2 H 16 Q 8192 K 8192 D 128", "B 1 H 2 Q 256 K 256 D 128"))
+    out.write_text(SAMPLE_D128.replace("B 2 H 16 Q 8192 K 8192 D 128", "B 1 H 1 Q 256 K 256 D 128"))
     monkeypatch.setenv("BSK_EX88_BIN", str(_script(tmp_path / "88_hopper_fmha", f"cat {out}\n")))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = compare88.run([(1, 2, 256, 128)], ["full", "causal"], repeats=2, rep_ms=1.0, warmup_ms=0.0,
-                            json_path=str(tmp_path / "c.json"), device="cpu")
+        res = compare88.run([(1, 1, 256, 128)], ["full", "causal"], repeats=2, rep_ms=1.0, warmup_ms=0.0,
+                            json_path=str(tmp_path / "c.json"), device="cpu", loop_n=2)
     assert len(res["rows"]) == 2
     row = res["rows"][0]
     assert row["ex88_best"]["kernel"] == "tma ws cooperative 128x128x128"
     assert {o["impl"] for o in row["ours"]} == {"ours-coop", "ours-pp"}
     assert all(o["status"] == "ok" and o["check_ok"] for r in res["rows"] for o in r["ours"]), res["rows"]
-    assert row["ratio"] is not None and row["ratio"] > 0
+    assert row["ratio"] is not None and row["ratio"] > 0 and row["ratio_loop"] > 0
+    assert all(o["tflops_loop"] > 0 for o in row["ours"])
     assert json.loads((tmp_path / "c.json").read_text())["rows"][1]["mask"] == "causal"
     assert "ours/ex88" in capsys.readouterr().out
 
@@ -624,3 +627,48 @@ touch "$exp.ncu-rep"
     assert data["metrics"]["registers / thread"]["value"] == 168
     assert "bsk_sm90a" in data["profiled_kernel"]
     assert js[0].with_suffix(".md").is_file()
+
+
+def test_cli_headline_flow_on_cpu(tmp_path, monkeypatch, capsys):
+    """`bench --headline` end to end on CPU with the acceptance shapes shrunk (same structure and groups)."""
+    pytest.importorskip("torch")
+    from blackwell_sparsek.bench import headline
+    from blackwell_sparsek.bench.cli import main
+    from blackwell_sparsek.bench.harness import Case
+
+    def small_cases(device="cuda"):
+        out = [Case(b=1, h=2, s=256, d=64, pattern="dense", device=device, groups=("headline",)),
+               Case(b=1, h=2, s=256, d=64, pattern="topk", density=0.5, device=device, groups=("headline", "density")),
+               Case(b=1, h=1, s=256, d=64, pattern="dense", device=device, groups=("headline",)),
+               Case(b=1, h=1, s=256, d=64, pattern="topk", density=0.5, device=device, groups=("headline",))]
+        out += [Case(b=1, h=1, s=s, d=64, pattern="window", window=128, device=device,
+                     groups=("headline", "linear", "seq")) for s in (256, 512)]
+        return out
+    monkeypatch.setattr(headline, "cases", small_cases)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rc = main(["bench", "--headline", "--device", "cpu", "--out", str(tmp_path), "--rep-ms", "1",
+                   "--warmup-ms", "0"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = json.loads((tmp_path / "bench_headline.json").read_text())
+    assert data["complete"] and len(data["headline"]) == 6
+    assert all(r.get("time_ms_loop") for r in data["records"] if r.get("kind") == "ours")
+    assert set(data["linearity"]) == {"ours-coop", "ours-pp"}
+    assert out.rstrip().splitlines()[-1].startswith("window 2K")    # verdict table is printed last
+    assert "headline" in out and (tmp_path / "bench_headline.txt").is_file()
+
+
+def test_runner_drops_only_compile_heavy_peers_when_short_of_time():
+    import io
+    from blackwell_sparsek.bench import harness
+    from blackwell_sparsek.bench.peers import Flex, Reference
+
+    case = harness.Case(b=1, h=1, s=256, d=64, device="cpu")
+    flex = Flex(allow_cpu=True)
+    est_plain = harness.estimate_case_seconds(case, 1)
+    r = harness.Runner([case], harness.RunOptions(budget_s=est_plain + 2.0, check=False),
+                       peers_for=lambda c: [Reference(), flex], progress=harness.Progress(1, stream=io.StringIO()))
+    r.run()
+    assert [x["peer"] for x in r.records] == ["reference"]
+    assert r.skipped and r.skipped[0]["peer"] == "flex" and "compile" in r.skipped[0]["reason"]

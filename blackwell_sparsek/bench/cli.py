@@ -122,7 +122,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         cases = harness.preset(name, dev)
         opts = harness.RunOptions(budget_s=a.budget or DEFAULT_BUDGET[name],
                                   jit_peer_seqs=harness.JIT_PEER_SEQS.get(name),
-                                  ex88_seqs=harness.EX88_SEQS.get(name, set()))
+                                  ex88_seqs=harness.EX88_SEQS.get(name, set()),
+                                  loop_timing_seqs=set(harness.EX88_SEQS.get(name, set())))
         peers_for = None
     opts.warmup_ms, opts.rep_ms = a.warmup_ms, a.rep_ms
     opts.check = not a.no_check
@@ -145,8 +146,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print("bench: no CUDA GPU visible (torch.cuda.is_available() is False); this benchmark needs an H100/H200. "
               "Use --list to see the plan, or --device cpu --preset tiny to exercise the harness.", file=sys.stderr)
         return 2
-    if dev == "cpu":
+    if dev == "cpu":  # harness test mode: ours is the O(S^2) reference fallback, keep everything small
         opts.ex88_seqs = set()
+        opts.loop_n = 2
+        opts.small_check_seq = 256
     ex88_bin = None
     ex88_note = None
     if not a.no_ex88 and opts.ex88_seqs:

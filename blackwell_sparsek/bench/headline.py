@@ -39,7 +39,7 @@ def cases(device: str = "cuda") -> list[Case]:
 
 def options(budget_s: float) -> RunOptions:
     return RunOptions(budget_s=budget_s, jit_peer_seqs={8 * K, 32 * K}, ex88_seqs={8 * K}, ex88_iterations=20,
-                      ex88_repeats=3)
+                      ex88_repeats=3, loop_timing_seqs=None)
 
 
 _PEER_CACHE: dict[tuple, list[Peer]] = {}
@@ -66,11 +66,21 @@ def verdicts(records: Sequence[dict[str, Any]], lin: dict[str, Any], device: str
     rows: list[dict[str, Any]] = []
 
     def ratio_row(what: str, case: Case, target: float) -> dict[str, Any]:
+        # example 88 times 20 back-to-back launches: compare with ours timed the same way (tflops_loop) when
+        # measured, and show the do_bench ratio beside it
         ours = _best(records, case, "ours")
+        ours_loop = _best_loop(records, case)
         e88 = _best(records, case, "ex88")
-        val = ours["tflops"] / e88["tflops"] if ours and e88 else None
-        return {"what": what, "value": val, "unit": "x", "target": target, "cmp": ">=",
-                "detail": f"ours {_t(ours)} ({_p(ours)}) vs example 88 {_t(e88)} ({_p(e88)})"}
+        val = val_db = None
+        if e88:
+            val_db = ours["tflops"] / e88["tflops"] if ours else None
+            val = ours_loop["tflops_loop"] / e88["tflops"] if ours_loop else val_db
+        det = f"example 88 {_t(e88)} ({_p(e88)}); ours do_bench {_t(ours)} ({_p(ours)})"
+        if ours_loop:
+            det += f", ours ex88-style loop {ours_loop['tflops_loop']:.0f} ({_p(ours_loop)})"
+        if val_db is not None:
+            det += f"; do_bench ratio {val_db:.3f}x"
+        return {"what": what, "value": val, "unit": "x", "target": target, "cmp": ">=", "detail": det}
 
     def tflops_row(what: str, case: Case, target: float) -> dict[str, Any]:
         ours = _best(records, case, "ours")
@@ -103,6 +113,12 @@ def verdicts(records: Sequence[dict[str, Any]], lin: dict[str, Any], device: str
         v = r["value"]
         r["met"] = None if v is None else (v >= r["target"] if r["cmp"] == ">=" else v <= r["target"])
     return rows
+
+
+def _best_loop(records: Sequence[dict[str, Any]], case: Case) -> dict[str, Any] | None:
+    rs = [r for r in records if r.get("case") == case.name and r.get("kind") == "ours" and r.get("status") == "ok"
+          and r.get("tflops_loop")]
+    return max(rs, key=lambda r: r["tflops_loop"]) if rs else None
 
 
 def _t(r: dict[str, Any] | None) -> str:

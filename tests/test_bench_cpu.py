@@ -672,3 +672,14 @@ def test_runner_drops_only_compile_heavy_peers_when_short_of_time():
     r.run()
     assert [x["peer"] for x in r.records] == ["reference"]
     assert r.skipped and r.skipped[0]["peer"] == "flex" and "compile" in r.skipped[0]["reason"]
+
+
+def test_replot_from_json(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from blackwell_sparsek.bench import report
+    from blackwell_sparsek.bench.cli import main
+    j = report.write_json(tmp_path / "bench_full.json", {"preset": "full", "records": _synthetic_records()})
+    assert main(["bench", "--replot", str(j)]) == 0
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["full_tflops_vs_density.png",
+                                                              "full_tflops_vs_seq_d128.png", "full_time_vs_nnz.png"]
+    assert main(["bench", "--replot", str(tmp_path / "missing.json")]) == 2

@@ -48,6 +48,9 @@ def _bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu only exercises the harness (tiny preset; ours = reference fallback)")
     ap.add_argument("--list", action="store_true", help="print the planned cases and exit (no GPU needed)")
+    ap.add_argument("--replot", metavar="JSON", default=None,
+                    help="only redraw the PNG plots from a bench_<preset>.json (no GPU needed; into --out, default "
+                         "the JSON's directory)")
     return ap
 
 
@@ -109,8 +112,31 @@ def _cuda_ok() -> bool:
         return False
 
 
+def cmd_replot(json_path: str, out: str | None) -> int:
+    import json
+    from . import plots, report
+    p = Path(json_path)
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        print(f"bench --replot: cannot read {p}: {e}", file=sys.stderr)
+        return 2
+    if not plots.have_matplotlib():
+        print("bench --replot: needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return 2
+    out_dir = Path(out) if out else p.parent
+    made = plots.make_all(data.get("records", []), out_dir, data.get("preset", p.stem.replace("bench_", "")))
+    lin = report.linearity(data.get("records", []))
+    if lin:
+        print(report.linearity_text(lin))
+    print("wrote " + (", ".join(str(m) for m in made) if made else "nothing (no plottable records)"))
+    return 0
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from . import harness, headline, plots, report
+    if a.replot:
+        return cmd_replot(a.replot, a.out if a.out != "bench/results" else None)
     t_start = time.monotonic()
     dev = a.device
     name = a.preset

@@ -129,11 +129,14 @@ def plot_time_vs_nnz(records: Sequence[dict[str, Any]], path: str | Path,
         ax = fig.add_subplot(1, len(panels), i + 1)
         peers = sorted({r["peer"] for r in rs}, key=lambda p: (not p.startswith("ours"), p))
         notes = []
-        shapes = sorted({(r["b"], r["h"], r["d"], r["pattern"]) for r in rs})
+        # a series = one peer on one problem family: S varies (linear) or the density varies at fixed S
+        def series(r: dict[str, Any]) -> tuple:
+            return (r["b"], r["h"], r["d"], f"S{r['s']}" if g == "density" else r["pattern"])
+        shapes = sorted({series(r) for r in rs})
         for j, peer in enumerate(peers):
             for shp in shapes:
                 pts = sorted((r["block_pairs"], r["time_ms"] * 1e3) for r in rs
-                             if r["peer"] == peer and (r["b"], r["h"], r["d"], r["pattern"]) == shp)
+                             if r["peer"] == peer and series(r) == shp)
                 if not pts:
                     continue
                 xs, ys = [p[0] for p in pts], [p[1] for p in pts]

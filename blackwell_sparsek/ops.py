@@ -61,6 +61,16 @@ def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedu
     return cfg
 
 
+@lru_cache(maxsize=None)
+def _validated(config: AttentionConfig) -> AttentionConfig:
+    return config.validate()
+
+
+@lru_cache(maxsize=None)
+def _json(config: AttentionConfig) -> str:
+    return config.to_json()
+
+
 def _resolve_config(config, head_dim: int, dtype: torch.dtype, layout) -> AttentionConfig:
     if config is None:
         return default_config(head_dim, dtype, layout)
@@ -72,7 +82,7 @@ def _resolve_config(config, head_dim: int, dtype: torch.dtype, layout) -> Attent
     if not isinstance(config, AttentionConfig):
         raise InvalidConfigError(f"config must be an AttentionConfig, a named config or a Schedule, "
                                  f"not {type(config).__name__}")
-    config.validate()
+    _validated(config)
     want = _DTYPES[dtype]
     if config.head_dim != head_dim or config.dtype is not want:
         raise InvalidConfigError(
@@ -134,48 +144,61 @@ def _config_from_json(text: str) -> KernelConfig:
     return KernelConfig.from_json(text)
 
 
+@lru_cache(maxsize=None)
+def _kernel_for(config_json: str):
+    from .cache import build
+    return build(_config_from_json(config_json))
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device_index: int | None) -> int:
+    from .runtime import device_info
+    return device_info(device_index if device_index is not None else torch.cuda.current_device()).sm_count
+
+
 def _poison() -> bool:
     return os.environ.get("BSK_POISON", "") not in ("", "0")
 
 
 @torch.library.custom_op("blackwell_sparsek::attn_fwd", mutates_args=())
 def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.Tensor, col_idx: torch.Tensor,
-              block_kind: torch.Tensor, row_order: torch.Tensor, window: list[int], scale: float,
+              block_kind: torch.Tensor, row_order: torch.Tensor, meta: list[int], scale: float,
               config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from .cache import build
-    from .runtime import device_info
+    """meta = [window_left, window_right, n_kblocks] of the layout."""
     _check_tma(q, k, v)
-    cfg = _config_from_json(config_json)
-    kernel = build(cfg)
+    kernel = _kernel_for(config_json)
     B, H, Sq, D = q.shape
     o = torch.empty_like(q)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     if _poison():
         o.fill_(float("nan"))
         lse.fill_(float("nan"))
-    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    with torch.cuda.device(dev):
-        stream = torch.cuda.current_stream().cuda_stream
-        kernel.launch(
-            stream,
-            q=q, k=k, v=v, o=o, lse=lse,
-            row_ptr=row_ptr, col_idx=col_idx, block_kind=block_kind, row_order=row_order,
-            batch=B, heads=H, heads_kv=k.shape[1], seq_q=Sq, seq_k=k.shape[2], head_dim=D,
-            q_stride_b=q.stride(0), q_stride_h=q.stride(1), q_stride_s=q.stride(2),
-            k_stride_b=k.stride(0), k_stride_h=k.stride(1), k_stride_s=k.stride(2),
-            v_stride_b=v.stride(0), v_stride_h=v.stride(1), v_stride_s=v.stride(2),
-            o_stride_b=o.stride(0), o_stride_h=o.stride(1), o_stride_s=o.stride(2),
-            lse_stride_b=lse.stride(0), lse_stride_h=lse.stride(1),
-            layout_heads=row_ptr.shape[0], n_qblocks=row_ptr.shape[1] - 1, n_kblocks=window[2],
-            row_ptr_stride=row_ptr.stride(0), col_stride=col_idx.stride(0),
-            window_left=window[0], window_right=window[1],
-            scale=scale, sm_count=device_info(dev).sm_count,
-        )
+    args = kernel.Args(
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr(),
+        row_ptr=row_ptr.data_ptr(), col_idx=col_idx.data_ptr(), block_kind=block_kind.data_ptr(),
+        row_order=row_order.data_ptr(),
+        batch=B, heads=H, heads_kv=k.shape[1], seq_q=Sq, seq_k=k.shape[2], head_dim=D,
+        q_stride_b=q.stride(0), q_stride_h=q.stride(1), q_stride_s=q.stride(2),
+        k_stride_b=k.stride(0), k_stride_h=k.stride(1), k_stride_s=k.stride(2),
+        v_stride_b=v.stride(0), v_stride_h=v.stride(1), v_stride_s=v.stride(2),
+        o_stride_b=o.stride(0), o_stride_h=o.stride(1), o_stride_s=o.stride(2),
+        lse_stride_b=lse.stride(0), lse_stride_h=lse.stride(1),
+        layout_heads=row_ptr.shape[0], n_qblocks=row_ptr.shape[1] - 1, n_kblocks=meta[2],
+        row_ptr_stride=row_ptr.stride(0), col_stride=col_idx.stride(0),
+        window_left=meta[0], window_right=meta[1],
+        scale=scale, sm_count=_sm_count(q.device.index),
+    )
+    dev = q.device.index
+    if dev is None or dev == torch.cuda.current_device():
+        kernel.launch(args, torch.cuda.current_stream().cuda_stream)
+    else:
+        with torch.cuda.device(dev):
+            kernel.launch(args, torch.cuda.current_stream().cuda_stream)
     return o, lse
 
 
 @_attn_fwd.register_fake
-def _attn_fwd_fake(q, k, v, row_ptr, col_idx, block_kind, row_order, window, scale, config_json):
+def _attn_fwd_fake(q, k, v, row_ptr, col_idx, block_kind, row_order, meta, scale, config_json):
     B, H, Sq, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -234,7 +257,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
         if config is None and not _kernel_available(cfg):
             _fallback_warning("no nvcc to build the kernel and no cached build")
             return _reference(q, k, v, layout, scale, return_lse)
-        cfg_json = cfg.to_json()
+        cfg_json = _json(cfg)
         lay = layout.to(q.device)
     o, lse = _attn_fwd(q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(),
                        [lay.window_left, lay.window_right, lay.n_kblocks], scale, cfg_json)
@@ -248,7 +271,7 @@ def _config_json_const(config, head_dim, dtype, block_m, block_n, nnz, layout_he
         pass
     g = _Geom()
     g.block_m, g.block_n, g.nnz, g.num_heads, g.n_qblocks = block_m, block_n, nnz, layout_heads, n_qblocks
-    return _resolve_config(config, head_dim, dtype, g).to_json()
+    return _json(_resolve_config(config, head_dim, dtype, g))
 
 
 def _reference(q, k, v, layout, scale, return_lse):

@@ -46,7 +46,7 @@ _PEER_CACHE: dict[tuple, list[Peer]] = {}
 
 
 def peers_for(case: Case) -> list[Peer]:
-    key = (case.d, case.dtype)
+    key = (case.d, case.dtype, case.device)
     if key not in _PEER_CACHE:
         ps: list[Peer] = [Ours(c, n) for n, c in our_configs(case.d, case.dtype)]
         if case.device == "cuda":

@@ -169,7 +169,7 @@ class AttentionConfig(KernelConfig):
         ("layout_heads", "int"), ("n_qblocks", "int"), ("n_kblocks", "int"),
         ("row_ptr_stride", "int"), ("col_stride", "int"),
         ("window_left", "int"), ("window_right", "int"),
-        ("scale", "float"), ("sm_count", "int"),
+        ("scale", "float"), ("sm_count", "int"), ("rank_major", "int"),
     )
 
     def __post_init__(self) -> None:
@@ -189,9 +189,14 @@ class AttentionConfig(KernelConfig):
 
     # Shared memory the kernel needs, bytes: Q for both warpgroups, the K/V ring, the epilogue staging
     # (kept beside the mainloop when persistent) and barriers. Mirrors SharedStorage in bsk/attn_fwd.hpp.
+    @property
+    def q_stages(self) -> int:
+        """Q slots: one per MMA warpgroup, doubled when persistent so the next tile's Q loads during this one."""
+        return 2 * (self.tile_m // 64) if self.schedule is Schedule.PINGPONG else self.tile_m // 64
+
     def smem_bytes(self) -> int:
         e = self.dtype.itemsize
-        q = self.tile_m * self.head_dim * e
+        q = self.q_stages * 64 * self.head_dim * e
         kv = self.stages * self.tile_n * self.head_dim * e
         epi = 2 * 64 * 32 * e * 2 if self.schedule is Schedule.PINGPONG else 0
         return q + kv + epi + 1024
@@ -246,6 +251,7 @@ class AttentionConfig(KernelConfig):
             "tile_m": self.tile_m,
             "tile_n": self.tile_n,
             "stages": self.stages,
+            "q_stages": self.q_stages,
             "block_m": self.block_m,
             "block_n": self.block_n,
             "persistent": self.schedule is Schedule.PINGPONG,

@@ -352,6 +352,7 @@ class BlockSparseLayout:
 
     def _set_nnz(self) -> None:
         object.__setattr__(self, "_nnz_per_head", [int(x) for x in self._row_ptr[:, -1].tolist()])
+        self.uniform_rows()  # one more small sync while constructing, so later calls (and torch.compile) read a bool
 
     @classmethod
     def _trusted(cls, row_ptr, col_idx, block_kind, g: _Geom, wl: int, wr: int, *, check: bool = True,
@@ -552,6 +553,8 @@ class BlockSparseLayout:
             other = BlockSparseLayout._trusted(self._row_ptr.to(dev), self._col_idx.to(dev),
                                                self._block_kind.to(dev), self._geom(), self._window_left,
                                                self._window_right, check=False, nnz_per_head=self._nnz_per_head)
+            if "uniform_rows" in self._cache:
+                other._cache["uniform_rows"] = self._cache["uniform_rows"]
             object.__setattr__(other, "_copies", copies)
             copies[dev] = other
         return other
@@ -582,6 +585,17 @@ class BlockSparseLayout:
     def row_counts(self) -> torch.Tensor:
         """int32 [Hl, nq]: blocks per query-block row."""
         return self._row_ptr[:, 1:] - self._row_ptr[:, :-1]
+
+    def uniform_rows(self) -> bool:
+        """True when every query-block row (of every head) lists the same number of blocks. Cached.
+        The kernel's scheduler keeps a head's rows together when rows are equal (K/V reuse in L2) and orders
+        tiles heaviest-first across heads when they are not (load balance)."""
+        got = self._cache.get("uniform_rows")
+        if got is None:
+            c = self.row_counts()
+            got = bool((c.amin() == c.amax()).item()) if c.numel() else True
+            self._cache["uniform_rows"] = got
+        return got
 
     def row_order(self) -> torch.Tensor:
         """int32 [Hl, nq]: query-block rows by descending block count (stable: ties keep row order). Cached.

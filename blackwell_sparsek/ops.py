@@ -22,8 +22,9 @@ from .errors import InputError, InvalidConfigError, LayoutError, ToolchainError
 _DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 # Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
 _DEFAULT_STAGES = {64: 8, 128: 5, 256: 2}
-# Rows shorter than this many KV tiles run persistent (ping-pong); longer rows one CTA per tile (cooperative).
-_PINGPONG_BELOW_TILES = 48
+# The schedule sparse_attention picks: on an H200 the persistent ping-pong kernel is at least as fast as the
+# cooperative one on every measured shape, and faster on short (sparse) rows.
+_DEFAULT_SCHEDULE = Schedule.PINGPONG
 
 
 # -- config choice ------------------------------------------------------------------------------------------
@@ -35,11 +36,7 @@ def default_config(head_dim: int, dtype: torch.dtype | DType, layout=None, sched
     bm = layout.block_m if layout is not None else 128
     bn = layout.block_n if layout is not None else 128
     if schedule is None:
-        schedule = Schedule.COOPERATIVE
-        if layout is not None:
-            avg_tiles = layout.nnz / max(1, layout.num_heads * layout.n_qblocks) * (bn // min(bn, 128))
-            if avg_tiles < _PINGPONG_BELOW_TILES:
-                schedule = Schedule.PINGPONG
+        schedule = _DEFAULT_SCHEDULE
     return _derived_config(head_dim, dt, bm, bn, schedule)
 
 
@@ -164,7 +161,8 @@ def _poison() -> bool:
 def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.Tensor, col_idx: torch.Tensor,
               block_kind: torch.Tensor, row_order: torch.Tensor, meta: list[int], scale: float,
               config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """meta = [window_left, window_right, n_kblocks] of the layout."""
+    """meta = [window_left, window_right, n_kblocks, rank_major] of the layout (rank_major = rows differ in
+    length: order tiles heaviest-first across heads)."""
     _check_tma(q, k, v)
     kernel = _kernel_for(config_json)
     B, H, Sq, D = q.shape
@@ -186,7 +184,7 @@ def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.
         layout_heads=row_ptr.shape[0], n_qblocks=row_ptr.shape[1] - 1, n_kblocks=meta[2],
         row_ptr_stride=row_ptr.stride(0), col_stride=col_idx.stride(0),
         window_left=meta[0], window_right=meta[1],
-        scale=scale, sm_count=_sm_count(q.device.index),
+        scale=scale, sm_count=_sm_count(q.device.index), rank_major=meta[3],
     )
     dev = q.device.index
     if dev is None or dev == torch.cuda.current_device():
@@ -260,7 +258,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
         cfg_json = _json(cfg)
         lay = layout.to(q.device)
     o, lse = _attn_fwd(q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(),
-                       [lay.window_left, lay.window_right, lay.n_kblocks], scale, cfg_json)
+                       [lay.window_left, lay.window_right, lay.n_kblocks, int(not lay.uniform_rows())], scale,
+                       cfg_json)
     return (o, lse) if return_lse else o
 
 

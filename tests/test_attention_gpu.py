@@ -151,7 +151,8 @@ def test_opcheck_and_torch_compile():
     lay = L.sliding_window(seq_q=384, window=200).to("cuda")
     cfg = default_config(128, torch.float16, lay)
     args = (q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(),
-            [lay.window_left, lay.window_right, lay.n_kblocks], 1.0 / math.sqrt(128), cfg.to_json())
+            [lay.window_left, lay.window_right, lay.n_kblocks, int(not lay.uniform_rows())], 1.0 / math.sqrt(128),
+            cfg.to_json())
     torch.library.opcheck(torch.ops.blackwell_sparsek.attn_fwd.default, args)
 
     @torch.compile(fullgraph=True)

@@ -430,12 +430,15 @@ class Runner:
                 self.on_case_done(self)
         self.progress.close()
 
-    def _record(self, case: Case, peer: Peer | None, **kw: Any) -> dict[str, Any]:
+    def _record(self, case: Case, peer_obj: Peer | None, **kw: Any) -> dict[str, Any]:
+        """One result record; keyword fields (``peer=``, ``kind=`` for peers that are not Peer objects, such as
+        example 88's kernels) override the ones taken from ``peer_obj``."""
         rec: dict[str, Any] = {"case": case.name, "pattern": case.pattern, "b": case.b, "h": case.h, "s": case.s,
                                "d": case.d, "dtype": case.dtype, "window": case.window, "density_target": case.density,
                                "groups": list(case.groups),
-                               "peer": peer.name if peer else None, "kind": peer.kind if peer else None,
-                               "config": peer.config_name if peer else None}
+                               "peer": peer_obj.name if peer_obj else None,
+                               "kind": peer_obj.kind if peer_obj else None,
+                               "config": peer_obj.config_name if peer_obj else None}
         rec.update(kw)
         return rec
 
@@ -521,7 +524,7 @@ class Runner:
         ms = tm.median_ms
         if self.opts.loop_timing_seqs is None or case.s in self.opts.loop_timing_seqs:
             with peer.context():
-                lt = bench_loop(fn, device=case.device, n=self.opts.loop_n, est_ms=ms)
+                lt = bench_loop(fn, device=case.device, n=self.opts.loop_n, reps=3, idle_s=1.0)  # ex88 protocol
             rec["time_ms_loop"] = lt.median_ms
             rec["tflops_loop"] = metrics.tflops(fl["flops"], lt.median_ms)
         rec["us_per_head"] = ms * 1e3 / (case.b * case.h)

@@ -82,18 +82,23 @@ struct BsrRowCursor {
   }
 };
 
-template <class Element, int HeadDim, int TileM, int TileN, int Stages, int BlockM, int BlockN, bool Persistent>
+// QStages: Q slots, one per MMA warpgroup per tile in flight (2 = no prefetch of the next tile's Q; 4 lets a
+// persistent CTA load the next tile's Q while this one computes).
+template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
+          bool Persistent>
 struct BsrMainloop
     : fmha_c::FmhaMainloopTmaWarpSpecialized<
           Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
           fmha_c::DefaultFusion,
           fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::bool_constant<Persistent>>,
-          fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>> {
+          fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
+          fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>> {
   using Base = fmha_c::FmhaMainloopTmaWarpSpecialized<
       Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
       fmha_c::DefaultFusion,
       fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::bool_constant<Persistent>>,
-      fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>>;
+      fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
+      fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>>;
 
   using typename Base::TileShape;
   using typename Base::TileShapeQK;
@@ -139,14 +144,18 @@ struct BsrMainloop
     auto shape_kv = make_shape(Sq, Sk, D, make_shape(B, args.bsr.heads_kv));
     auto p_q = CollectiveMmaQK::to_underlying_arguments(
         shape_q, typename CollectiveMmaQK::Arguments{args.ptr_Q, args.dQ, args.ptr_K, args.dK}, nullptr);
-    auto p_k = CollectiveMmaQK::to_underlying_arguments(
-        shape_kv, typename CollectiveMmaQK::Arguments{args.ptr_Q, args.dQ, args.ptr_K, args.dK}, nullptr);
+    Params p;
+    p.tma_load_q = p_q.tma_load_a;
+    if (args.bsr.heads_kv == H) {
+      p.tma_load_k = p_q.tma_load_b;  // same head count: the Q call's K descriptor is the one we need
+    } else {
+      p.tma_load_k = CollectiveMmaQK::to_underlying_arguments(
+          shape_kv, typename CollectiveMmaQK::Arguments{args.ptr_Q, args.dQ, args.ptr_K, args.dK}, nullptr)
+          .tma_load_b;
+    }
     auto p_v = CollectiveMmaPV::to_underlying_arguments(
         select<0, 2, 1, 3>(shape_kv),
         typename CollectiveMmaPV::Arguments{args.ptr_K, args.dK, args.ptr_V, select<1, 0, 2>(args.dV)}, nullptr);
-    Params p;
-    p.tma_load_q = p_q.tma_load_a;
-    p.tma_load_k = p_k.tma_load_b;
     p.tma_load_v = p_v.tma_load_b;
     p.scale_softmax = args.scale;
     p.scale_softmax_log2 = args.scale * 1.4426950408889634f;
@@ -233,25 +242,30 @@ struct BsrMainloop
     }
   }
 
-  // Sequence-end and element-rule mask for one QK tile (only called on blocks whose kind asks for it).
+  // Sequence-end and element-rule mask for one QK tile (only called on blocks whose kind asks for it). Per row the
+  // kept keys are one interval [lo, hi] (relative to the tile's first key k0), so each element costs two compares
+  // and a select, no branches.
   template <class AccQK, class CoordQK>
   CUTLASS_DEVICE static void apply_mask(AccQK& acc_qk, CoordQK const& tPcP, int q0, int k0, int kind,
                                         ProblemShape const& ps, BsrParams const& l) {
+    TiledMmaQK tiled_mma_qk;
+    Tensor acc_mn = make_tensor(acc_qk.data(), fmha_c::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
+    Tensor c_mn = make_tensor(tPcP.data(), fmha_c::layout_acc_mn(tiled_mma_qk, tPcP.layout()));
     int seq_q = get<2>(ps), seq_k = get<3>(ps);
-    int diag = seq_k - seq_q;  // bottom-right aligned
+    int diag = seq_k - seq_q - k0;  // bottom-right aligned, relative to k0
     bool rule = (kind & kBlockRule) != 0;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc_qk); ++i) {
-      auto pos = tPcP(i);
-      int q = q0 + int(get<0>(pos));
-      int k = k0 + int(get<1>(pos));
-      int qd = q + diag;
-      bool keep = k < seq_k;
-      if (rule) {
-        keep = keep && (l.window_left < 0 || k >= qd - l.window_left) &&
-               (l.window_right < 0 || k <= qd + l.window_right);
+    for (int i = 0; i < size<0>(acc_mn); ++i) {
+      int qd = q0 + int(get<0>(c_mn(i, 0))) + diag;
+      int lo = 0;
+      int hi = seq_k - 1 - k0;
+      if (rule && l.window_left >= 0) lo = max(lo, qd - l.window_left);
+      if (rule && l.window_right >= 0) hi = min(hi, qd + l.window_right);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < size<1>(acc_mn); ++j) {
+        int kk = int(get<1>(c_mn(i, j)));
+        acc_mn(i, j) = (kk >= lo && kk <= hi) ? acc_mn(i, j) : -INFINITY;
       }
-      if (!keep) acc_qk(i) = -INFINITY;
     }
   }
 
@@ -302,69 +316,67 @@ struct BsrMainloop
       return make_tuple(acc_pv, lse);
     }
 
-    int col, kind;
-    // Tile 0: initializes the running max and sum; the first QK is ordered between the warpgroups.
-    {
-      cursor.at(0, col, kind);
+    // One KV tile: S = Q K^T, mask (only when kMasked: a compile-time branch, so full blocks carry no mask code),
+    // online softmax, O += P V. Tile 0 initializes the running max/sum and orders the first QK between the
+    // warpgroups; later tiles overlap this tile's QK with the previous PV and release two ring slots.
+    auto tile = [&](auto masked, auto first, int k0, int kind) {
+      constexpr bool kMasked = decltype(masked)::value;
+      constexpr bool kFirst = decltype(first)::value;
       Tensor acc_qk = partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{}));
       pipeline.consumer_wait(smem_pipe_read);
-      math_wg_order_barrier.wait();
+      if constexpr (kFirst) math_wg_order_barrier.wait();
       warpgroup_fence_operand(acc_qk);
       warpgroup_arrive();
       fmha_c::gemm_zero_acc(tiled_mma_qk, sQ_stage, tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
       warpgroup_commit_batch();
-      math_wg_order_barrier.arrive();
-      ++smem_pipe_read;
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_qk);
-
-      if (kind != kBlockFull) apply_mask(acc_qk, tPcP, q0, col * BlockN, kind, problem_size, params.bsr);
-      softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
-      Tensor p = fmha_c::make_acc_into_op<Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
-
-      pipeline.consumer_wait(smem_pipe_read);
-      warpgroup_fence_operand(acc_pv);
-      warpgroup_fence_operand(p);
-      warpgroup_arrive();
-      fmha_c::gemm_zero_acc(tiled_mma_pv, p, tOrV(_, _, _, smem_pipe_read.index()), acc_pv);
-      warpgroup_commit_batch();
-      pipeline.consumer_release(smem_pipe_release);  // K of tile 0
-      ++smem_pipe_release;
-      ++smem_pipe_read;
-    }
-
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int j = 1; j < n_tiles; ++j) {
-      cursor.at(j / kTilesPerBlockN, col, kind);
-      int k0 = col * BlockN + (j % kTilesPerBlockN) * TileN;
-      Tensor acc_qk = partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{}));
-      pipeline.consumer_wait(smem_pipe_read);
-      warpgroup_fence_operand(acc_qk);
-      warpgroup_arrive();
-      fmha_c::gemm_zero_acc(tiled_mma_qk, sQ_stage, tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
-      warpgroup_commit_batch();
+      if constexpr (kFirst) math_wg_order_barrier.arrive();
       ++smem_pipe_read;
       auto tok = pipeline.consumer_try_wait(smem_pipe_read);
-
-      warpgroup_wait<0>();  // this QK and the previous PV
+      warpgroup_wait<0>();  // this QK (and the previous PV)
       warpgroup_fence_operand(acc_qk);
       warpgroup_fence_operand(acc_pv);
 
-      if (kind != kBlockFull) apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
-      softmax.template step<false>(acc_qk, tiled_mma_qk, tPcP, softmax_state, acc_pv, tiled_mma_pv, problem_size);
+      if constexpr (kMasked) apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
+      if constexpr (kFirst) {
+        softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
+      } else {
+        softmax.template step<false>(acc_qk, tiled_mma_qk, tPcP, softmax_state, acc_pv, tiled_mma_pv,
+                                     problem_size);
+      }
       Tensor p = fmha_c::make_acc_into_op<Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
 
       pipeline.consumer_wait(smem_pipe_read, tok);
       warpgroup_fence_operand(acc_pv);
       warpgroup_fence_operand(p);
       warpgroup_arrive();
-      cute::gemm(tiled_mma_pv, p, tOrV(_, _, _, smem_pipe_read.index()), acc_pv);
+      if constexpr (kFirst) {
+        fmha_c::gemm_zero_acc(tiled_mma_pv, p, tOrV(_, _, _, smem_pipe_read.index()), acc_pv);
+      } else {
+        cute::gemm(tiled_mma_pv, p, tOrV(_, _, _, smem_pipe_read.index()), acc_pv);
+      }
       warpgroup_commit_batch();
-      pipeline.consumer_release(smem_pipe_release);  // V of tile j-1
-      ++smem_pipe_release;
-      pipeline.consumer_release(smem_pipe_release);  // K of tile j
+      if constexpr (!kFirst) {
+        pipeline.consumer_release(smem_pipe_release);  // V of the previous tile
+        ++smem_pipe_release;
+      }
+      pipeline.consumer_release(smem_pipe_release);    // K of this tile
       ++smem_pipe_release;
       ++smem_pipe_read;
+    };
+
+    int col, kind;
+    cursor.at(0, col, kind);
+    if (kind != kBlockFull) tile(cute::true_type{}, cute::true_type{}, col * BlockN, kind);
+    else                    tile(cute::false_type{}, cute::true_type{}, 0, 0);
+
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int j = 1; j < n_tiles; ++j) {
+      cursor.at(j / kTilesPerBlockN, col, kind);
+      if (kind != kBlockFull) {
+        tile(cute::true_type{}, cute::false_type{}, col * BlockN + (j % kTilesPerBlockN) * TileN, kind);
+      } else {
+        tile(cute::false_type{}, cute::false_type{}, 0, 0);
+      }
     }
 
     if constexpr (kIsPersistent) pipeline_q.consumer_release(smem_pipe_read_q);
@@ -383,9 +395,11 @@ struct BsrMainloop
   }
 };
 
-// Query tiles in heaviest-row-first order. Linear tile id -> (m rank fastest, head, batch): CTAs running at
-// the same time work on the same head, so its K/V tiles are shared through L2; within a head, rows with the
-// most blocks go first (longest-processing-time first keeps the SMs busy to the end).
+// Query tiles in heaviest-row-first order. When every row has the same length, linear tile id -> (m rank fastest,
+// head, batch): CTAs running at the same time work on the same head, so its K/V tiles are shared through L2.
+// When rows differ (causal, windows at the edges, learned top-k), id -> (rank slowest, head, batch): the heaviest
+// rows of every head go first, which a static round-robin (persistent) or in-order (one tile per CTA) dispatch
+// turns into longest-processing-time-first load balance.
 struct BsrTileScheduler {
   struct Params {
     int num_tiles;
@@ -395,8 +409,10 @@ struct BsrTileScheduler {
     int layout_heads;
     cutlass::FastDivmod div_m;
     cutlass::FastDivmod div_h;
+    cutlass::FastDivmod div_bh;
     const int* row_order;
     int grid;
+    int rank_major;
   };
 
   Params const& params;
@@ -405,7 +421,7 @@ struct BsrTileScheduler {
   CUTLASS_DEVICE BsrTileScheduler(Params const& p) : params(p), idx(int(blockIdx.x)) {}
 
   static Params make(int batch, int heads, int n_rows, int tiles_per_row, int layout_heads, const int* row_order,
-                     bool persistent, int sm_count) {
+                     bool persistent, int sm_count, int rank_major) {
     Params p;
     p.m_tiles = n_rows * tiles_per_row;
     p.num_tiles = p.m_tiles * heads * batch;
@@ -414,6 +430,8 @@ struct BsrTileScheduler {
     p.layout_heads = layout_heads;
     p.div_m = cutlass::FastDivmod(p.m_tiles);
     p.div_h = cutlass::FastDivmod(heads);
+    p.div_bh = cutlass::FastDivmod(heads * batch);
+    p.rank_major = rank_major;
     p.row_order = row_order;
     p.grid = persistent ? std::min(p.num_tiles, sm_count > 0 ? sm_count : 132) : p.num_tiles;
     return p;
@@ -425,7 +443,11 @@ struct BsrTileScheduler {
 
   CUTLASS_DEVICE auto get_block_coord() {
     int rank, rest, h, b;
-    params.div_m(rest, rank, idx);
+    if (params.rank_major) {
+      params.div_bh(rank, rest, idx);
+    } else {
+      params.div_m(rest, rank, idx);
+    }
     params.div_h(b, h, rest);
     int lh = params.layout_heads == 1 ? 0 : h;
     int row = __ldg(params.row_order + size_t(lh) * params.n_rows + rank / params.tiles_per_row);
@@ -439,9 +461,10 @@ struct BsrTileScheduler {
   }
 };
 
-template <class Element, int HeadDim, int TileM, int TileN, int Stages, int BlockM, int BlockN, bool Persistent>
+template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
+          bool Persistent>
 struct AttnFwdTraits {
-  using Mainloop = BsrMainloop<Element, HeadDim, TileM, TileN, Stages, BlockM, BlockN, Persistent>;
+  using Mainloop = BsrMainloop<Element, HeadDim, TileM, TileN, Stages, QStages, BlockM, BlockN, Persistent>;
   using Epilogue = fmha_c::FmhaFwdEpilogue<Element, float, typename Mainloop::TileShapePV>;
   using Kernel = std::conditional_t<
       Persistent,
@@ -497,7 +520,7 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
           nullptr),
       Epilogue::to_underlying_arguments(ps, typename Epilogue::Arguments{static_cast<Element*>(a.o), dO, a.lse, dLSE}),
       BsrTileScheduler::make(a.batch, a.heads, a.n_qblocks, Traits::kBlockM / Traits::kTileM, a.layout_heads,
-                             a.row_order, Traits::kPersistent, a.sm_count)};
+                             a.row_order, Traits::kPersistent, a.sm_count, a.rank_major)};
 
   int smem = int(Named::SharedStorageSize);
   int device = 0;

@@ -22,9 +22,11 @@ from .errors import InputError, InvalidConfigError, LayoutError, ToolchainError
 _DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 # Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
 _DEFAULT_STAGES = {64: 8, 128: 5, 256: 2}
-# The schedule sparse_attention picks: on an H200 the persistent ping-pong kernel is at least as fast as the
-# cooperative one on every measured shape, and faster on short (sparse) rows.
-_DEFAULT_SCHEDULE = Schedule.PINGPONG
+# The schedule sparse_attention picks, by head dim, from same-run measurements on an H200 (docs/perf_notes.md):
+# D=128: the cooperative kernel is ahead on dense and causal rows and level on 16-block rows; D=64: the
+# persistent ping-pong kernel is ahead everywhere (its softmax-heavy tiles gain most from the staggered
+# warpgroups).
+_DEFAULT_SCHEDULE = {64: Schedule.PINGPONG, 128: Schedule.COOPERATIVE, 256: Schedule.COOPERATIVE}
 
 
 # -- config choice ------------------------------------------------------------------------------------------
@@ -36,7 +38,7 @@ def default_config(head_dim: int, dtype: torch.dtype | DType, layout=None, sched
     bm = layout.block_m if layout is not None else 128
     bn = layout.block_n if layout is not None else 128
     if schedule is None:
-        schedule = _DEFAULT_SCHEDULE
+        schedule = _DEFAULT_SCHEDULE.get(head_dim, Schedule.COOPERATIVE)
     return _derived_config(head_dim, dt, bm, bn, schedule)
 
 

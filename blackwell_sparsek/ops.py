@@ -22,11 +22,12 @@ from .errors import InputError, InvalidConfigError, LayoutError, ToolchainError
 _DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 # Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
 _DEFAULT_STAGES = {64: 8, 128: 5, 256: 2}
-# The schedule sparse_attention picks, by head dim, from same-run measurements on an H200 (docs/perf_notes.md):
-# D=128: the cooperative kernel is ahead on dense and causal rows and level on 16-block rows; D=64: the
-# persistent ping-pong kernel is ahead everywhere (its softmax-heavy tiles gain most from the staggered
-# warpgroups).
-_DEFAULT_SCHEDULE = {64: Schedule.PINGPONG, 128: Schedule.COOPERATIVE, 256: Schedule.COOPERATIVE}
+# The schedule sparse_attention picks, from same-run measurements on an H200 (docs/perf_notes.md,
+# bench/results/): the persistent ping-pong kernel wins for D=64 when every row has the same number of blocks
+# (dense, top-k); the cooperative kernel wins or ties everywhere else (D=128, and rows of uneven length such as
+# causal, where one CTA per tile in heaviest-first order balances best).
+def _default_schedule(head_dim: int, uniform_rows: bool) -> Schedule:
+    return Schedule.PINGPONG if head_dim == 64 and uniform_rows else Schedule.COOPERATIVE
 
 
 # -- config choice ------------------------------------------------------------------------------------------
@@ -38,7 +39,7 @@ def default_config(head_dim: int, dtype: torch.dtype | DType, layout=None, sched
     bm = layout.block_m if layout is not None else 128
     bn = layout.block_n if layout is not None else 128
     if schedule is None:
-        schedule = _DEFAULT_SCHEDULE.get(head_dim, Schedule.COOPERATIVE)
+        schedule = _default_schedule(head_dim, layout.uniform_rows() if layout is not None else True)
     return _derived_config(head_dim, dt, bm, bn, schedule)
 
 
@@ -247,7 +248,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
             raise LayoutError(f"under torch.compile the layout must already be on {q.device}: call "
                               f"layout.to({str(q.device)!r}) once before the compiled function")
         cfg_json = _config_json_const(config, D, q.dtype, layout.block_m, layout.block_n, layout.nnz,
-                                      layout.num_heads, layout.n_qblocks)
+                                      layout.num_heads, layout.n_qblocks, layout.uniform_rows())
         lay = layout
     else:
         if not q.is_cuda:
@@ -266,12 +267,13 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
 
 
 @torch.compiler.assume_constant_result
-def _config_json_const(config, head_dim, dtype, block_m, block_n, nnz, layout_heads, n_qblocks) -> str:
+def _config_json_const(config, head_dim, dtype, block_m, block_n, nnz, layout_heads, n_qblocks, uniform_rows) -> str:
     """The kernel config as JSON, computed once at trace time from plain values (a torch.compile constant)."""
     class _Geom:  # just what default_config reads of a layout
         pass
     g = _Geom()
     g.block_m, g.block_n, g.nnz, g.num_heads, g.n_qblocks = block_m, block_n, nnz, layout_heads, n_qblocks
+    g.uniform_rows = lambda: uniform_rows
     return _json(_resolve_config(config, head_dim, dtype, g))
 
 

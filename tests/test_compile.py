@@ -219,7 +219,8 @@ STUB_HEADER = r"""
 #include <cuda_runtime.h>
 #include <cutlass/numeric_types.h>
 namespace bsk {
-template <class Element, int HeadDim, int TileM, int TileN, int Stages, int BlockM, int BlockN, bool Persistent>
+template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
+          bool Persistent>
 struct AttnFwdTraits {
   struct Kernel { static constexpr int kSmem = (TileM + Stages * TileN) * HeadDim * int(sizeof(Element)); };
 };

@@ -436,8 +436,16 @@ def test_ncu_raw_csv_parsing():
     assert km["registers / thread"]["value"] == 168
     assert km["dynamic smem / block"]["value"] == 164864
     assert km["DRAM bandwidth"]["value"] == pytest.approx(1250.0)    # TB/s -> GB/s
-    assert km["tensor pipe (GMMA) active"]["value"] == pytest.approx(79.9)
+    assert km["tensor pipe (GMMA) cycles active"]["value"] == pytest.approx(79.9)
     assert "bsk_sm90a" in km["_kernel"]
+    # the short unit spellings an H200's ncu printed: ms, Kbyte (2.09 ms must not come back as 2.09 us)
+    short = NCU_RAW.replace('"nsecond","%","register/thread","byte"', '"ms","%","register/thread","Kbyte"') \
+        .replace('"1,693,568"', '"2.090944"').replace('"164,864"', '"197.12"')
+    km2 = profile.key_metrics(profile.parse_raw_csv(short)[0])
+    assert km2["duration"]["value"] == pytest.approx(2090.944)
+    assert km2["dynamic smem / block"]["value"] == pytest.approx(197120)
+    with pytest.raises(ValueError, match="furlong"):
+        profile.key_metrics(profile.parse_raw_csv(NCU_RAW.replace('"nsecond"', '"furlong"'))[0])
     assert profile.parse_raw_csv("no csv here") == []
     md = profile.markdown({"kernel": "k", "env": {"gpu": "H100"}, "case": "c", "config": "x",
                            "metrics": {k: v for k, v in km.items() if not k.startswith("_")}})

@@ -28,11 +28,14 @@ from .report import environment, format_table, write_json
 KEY_METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("duration", "us", ("gpu__time_duration.sum",)),
     ("SM throughput", "%", ("sm__throughput.avg.pct_of_peak_sustained_elapsed",)),
-    ("tensor pipe (GMMA) active", "%", ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
-                                        "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
-                                        "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active",
-                                        "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
-                                        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")),
+    ("tensor pipe (GMMA) cycles active", "%", (
+        "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+        "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+        "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")),
+    # an issue rate, not a busy fraction: one GMMA instruction keeps the pipe busy for many cycles
+    ("GMMA instructions issued", "% of peak issue", (
+        "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active",)),
     ("memory throughput", "%", ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",)),
     ("DRAM throughput", "%", ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
                               "dram__throughput.avg.pct_of_peak_sustained_elapsed")),
@@ -123,9 +126,15 @@ def _num(s: str | None) -> float | None:
         return None
 
 
-_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,  # -> us
-          "byte/second": 1e-9, "Kbyte/second": 1e-6, "Mbyte/second": 1e-3, "Gbyte/second": 1.0,
-          "Tbyte/second": 1e3}  # -> GB/s
+# ncu prints units in either spelling ("msecond" or "ms", "Kbyte" or "KB"); every one maps to our unit.
+_SCALE = {
+    "us": {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6,
+           "s": 1e6},
+    "GB/s": {"byte/second": 1e-9, "B/s": 1e-9, "Kbyte/second": 1e-6, "KB/s": 1e-6, "Mbyte/second": 1e-3,
+             "MB/s": 1e-3, "Gbyte/second": 1.0, "GB/s": 1.0, "Tbyte/second": 1e3, "TB/s": 1e3},
+    "bytes": {"byte": 1.0, "B": 1.0, "Kbyte": 1e3, "KB": 1e3, "KiB": 1024.0, "Mbyte": 1e6, "MB": 1e6,
+              "MiB": 1024.0 ** 2},
+}
 
 
 def key_metrics(row: dict[str, str]) -> dict[str, Any]:
@@ -138,9 +147,11 @@ def key_metrics(row: dict[str, str]) -> dict[str, Any]:
                 v = _num(row[n])
                 if v is None:
                     continue
-                u = units.get(n, "")
-                if unit in ("us", "GB/s") and u in _SCALE:
-                    v = v * _SCALE[u]
+                u = units.get(n, "").strip()
+                if unit in _SCALE and u:
+                    if u not in _SCALE[unit]:
+                        raise ValueError(f"ncu reports {n} in {u!r}; no conversion to {unit} known")
+                    v = v * _SCALE[unit][u]
                 out[label] = {"value": v, "unit": unit, "metric": n}
                 break
     for k in ("Kernel Name", "Demangled Name", "Function Name", "Block Size", "Grid Size"):

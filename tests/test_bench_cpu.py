@@ -444,6 +444,10 @@ def test_ncu_raw_csv_parsing():
     km2 = profile.key_metrics(profile.parse_raw_csv(short)[0])
     assert km2["duration"]["value"] == pytest.approx(2090.944)
     assert km2["dynamic smem / block"]["value"] == pytest.approx(197120)
+    assert profile.convert_unit(125.5, "Gbyte/s", "GB/s") == pytest.approx(125.5)
+    assert profile.convert_unit(1.25, "Tbyte/second", "GB/s") == pytest.approx(1250.0)
+    assert profile.convert_unit(3.0, "usecond", "us") == pytest.approx(3.0)
+    assert profile.convert_unit(2.0, "KiB", "bytes") == 2048
     with pytest.raises(ValueError, match="furlong"):
         profile.key_metrics(profile.parse_raw_csv(NCU_RAW.replace('"nsecond"', '"furlong"'))[0])
     assert profile.parse_raw_csv("no csv here") == []

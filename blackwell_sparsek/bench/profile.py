@@ -16,6 +16,7 @@ import io
 import json
 import os
 import shutil
+import re
 import subprocess
 import sys
 import tempfile
@@ -126,15 +127,24 @@ def _num(s: str | None) -> float | None:
         return None
 
 
-# ncu prints units in either spelling ("msecond" or "ms", "Kbyte" or "KB"); every one maps to our unit.
-_SCALE = {
-    "us": {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6,
-           "s": 1e6},
-    "GB/s": {"byte/second": 1e-9, "B/s": 1e-9, "Kbyte/second": 1e-6, "KB/s": 1e-6, "Mbyte/second": 1e-3,
-             "MB/s": 1e-3, "Gbyte/second": 1.0, "GB/s": 1.0, "Tbyte/second": 1e3, "TB/s": 1e3},
-    "bytes": {"byte": 1.0, "B": 1.0, "Kbyte": 1e3, "KB": 1e3, "KiB": 1024.0, "Mbyte": 1e6, "MB": 1e6,
-              "MiB": 1024.0 ** 2},
+# ncu spells units several ways ("msecond"/"ms", "Kbyte"/"KB", "Gbyte/second"/"Gbyte/s"/"GB/s"); parse the
+# prefix and the base instead of listing spellings.
+_PREFIX = {"": 1.0, "n": 1e-9, "u": 1e-6, "m": 1e-3, "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+           "Ki": 1024.0, "Mi": 1024.0 ** 2, "Gi": 1024.0 ** 3}
+_UNIT_RE = {
+    "us": (re.compile(r"^(n|u|m|)s(?:econd)?$"), 1e-6),                          # -> microseconds
+    "GB/s": (re.compile(r"^(K|k|M|G|T|)(?:byte|B)/s(?:econd)?$"), 1e9),          # -> GB/s
+    "bytes": (re.compile(r"^(Ki|Mi|Gi|K|k|M|G|)(?:byte|B)$"), 1.0),             # -> bytes
 }
+
+
+def convert_unit(value: float, unit_from: str, unit_to: str) -> float:
+    """``value`` in ncu's ``unit_from`` expressed in ``unit_to`` (us, GB/s or bytes); ValueError if unknown."""
+    rx, base = _UNIT_RE[unit_to]
+    m = rx.match(unit_from)
+    if not m:
+        raise ValueError(f"no conversion from {unit_from!r} to {unit_to} known")
+    return value * _PREFIX[m.group(1)] / base
 
 
 def key_metrics(row: dict[str, str]) -> dict[str, Any]:
@@ -148,10 +158,11 @@ def key_metrics(row: dict[str, str]) -> dict[str, Any]:
                 if v is None:
                     continue
                 u = units.get(n, "").strip()
-                if unit in _SCALE and u:
-                    if u not in _SCALE[unit]:
-                        raise ValueError(f"ncu reports {n} in {u!r}; no conversion to {unit} known")
-                    v = v * _SCALE[unit][u]
+                if unit in _UNIT_RE and u:
+                    try:
+                        v = convert_unit(v, u, unit)
+                    except ValueError as e:
+                        raise ValueError(f"ncu reports {n}: {e}") from None
                 out[label] = {"value": v, "unit": unit, "metric": n}
                 break
     for k in ("Kernel Name", "Demangled Name", "Function Name", "Block Size", "Grid Size"):

@@ -448,8 +448,11 @@ def test_ncu_raw_csv_parsing():
     assert profile.convert_unit(1.25, "Tbyte/second", "GB/s") == pytest.approx(1250.0)
     assert profile.convert_unit(3.0, "usecond", "us") == pytest.approx(3.0)
     assert profile.convert_unit(2.0, "KiB", "bytes") == 2048
+    assert profile.convert_unit(197.12, "Kbyte/block", "bytes") == pytest.approx(197120)
     with pytest.raises(ValueError, match="furlong"):
-        profile.key_metrics(profile.parse_raw_csv(NCU_RAW.replace('"nsecond"', '"furlong"'))[0])
+        profile.convert_unit(1.0, "furlong", "us")
+    odd = profile.key_metrics(profile.parse_raw_csv(NCU_RAW.replace('"nsecond"', '"furlong"'))[0])
+    assert odd["duration"] == {"value": 1693568.0, "unit": "furlong", "metric": "gpu__time_duration.sum"}
     assert profile.parse_raw_csv("no csv here") == []
     md = profile.markdown({"kernel": "k", "env": {"gpu": "H100"}, "case": "c", "config": "x",
                            "metrics": {k: v for k, v in km.items() if not k.startswith("_")}})

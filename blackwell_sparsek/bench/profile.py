@@ -134,7 +134,7 @@ _PREFIX = {"": 1.0, "n": 1e-9, "u": 1e-6, "m": 1e-3, "K": 1e3, "k": 1e3, "M": 1e
 _UNIT_RE = {
     "us": (re.compile(r"^(n|u|m|)s(?:econd)?$"), 1e-6),                          # -> microseconds
     "GB/s": (re.compile(r"^(K|k|M|G|T|)(?:byte|B)/s(?:econd)?$"), 1e9),          # -> GB/s
-    "bytes": (re.compile(r"^(Ki|Mi|Gi|K|k|M|G|)(?:byte|B)$"), 1.0),             # -> bytes
+    "bytes": (re.compile(r"^(Ki|Mi|Gi|K|k|M|G|)(?:byte|B)(?:/block)?$"), 1.0),  # -> bytes
 }
 
 
@@ -158,12 +158,13 @@ def key_metrics(row: dict[str, str]) -> dict[str, Any]:
                 if v is None:
                     continue
                 u = units.get(n, "").strip()
+                shown = unit
                 if unit in _UNIT_RE and u:
                     try:
                         v = convert_unit(v, u, unit)
-                    except ValueError as e:
-                        raise ValueError(f"ncu reports {n}: {e}") from None
-                out[label] = {"value": v, "unit": unit, "metric": n}
+                    except ValueError:
+                        shown = u  # a spelling we do not know: report ncu's own value and unit, unconverted
+                out[label] = {"value": v, "unit": shown, "metric": n}
                 break
     for k in ("Kernel Name", "Demangled Name", "Function Name", "Block Size", "Grid Size"):
         if k in row:

@@ -56,7 +56,8 @@ def _lock_timeout() -> float:
         raise BskError(f"BSK_LOCK_TIMEOUT={raw!r} is not a number of seconds") from None
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """sha256 of a file's content, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -126,7 +127,7 @@ def _check_artifact(d: Path, meta: dict[str, Any]) -> bool:
     try:
         if so.stat().st_size != meta.get("so_size"):
             return False
-        return _sha256_file(so) == meta.get("so_sha256")
+        return sha256_file(so) == meta.get("so_sha256")
     except OSError:
         return False
 
@@ -191,7 +192,7 @@ def _build_into_cache(config: KernelConfig, source: str, key: str, fingerprint: 
         "config": config.to_dict(),
         "config_json": config.to_json(),
         "source_sha256": _sha256_text(source),
-        "so_sha256": _sha256_file(so),
+        "so_sha256": sha256_file(so),
         "so_size": so.stat().st_size,
         "flags": list(fingerprint.get("flags", [])),
         "command": result.command,

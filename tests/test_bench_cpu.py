@@ -225,8 +225,9 @@ def test_build_command_matches_reference_flags(tmp_path):
     for flag in ("-std=c++17", "-O3", "--use_fast_math", "-DNDEBUG", "--expt-relaxed-constexpr",
                  "-gencode=arch=compute_90a,code=sm_90a", "-I/src/include", "-I/src/tools/util/include",
                  "-I/src/examples/common", "-I/src/examples/88_hopper_fmha", "-isystem /curand", "-o out",
-                 "/src/examples/88_hopper_fmha/88_hopper_fmha.cu -lcuda"):
+                 "/src/examples/88_hopper_fmha/88_hopper_fmha.cu"):
         assert flag in s
+    assert "-lcuda" not in cmd  # links on machines without a driver library (CI, the build host)
 
 
 # ---------------------------------------------------------------------------------------------------------------

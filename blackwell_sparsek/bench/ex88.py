@@ -37,16 +37,18 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ..cache import sha256_file
 from ..errors import KernelCompileError, ToolchainError
 
 EX88 = "88_hopper_fmha"
 CACHE_FORMAT = 1
-# Exactly the flags the lead's reference build used (see docs/bench.md); paths are added by build_command().
+# The flags of the example's CMake target for sm_90a (see docs/bench.md); paths are added by build_command().
 BASE_FLAGS: tuple[str, ...] = (
     "-std=c++17", "-O3", "--use_fast_math", "-DNDEBUG", "--expt-relaxed-constexpr",
     "-gencode=arch=compute_90a,code=sm_90a",
 )
-LINK_FLAGS: tuple[str, ...] = ("-lcuda",)
+# No -lcuda: CUTLASS reaches the driver through cudaGetDriverEntryPoint, so this links without a driver library.
+LINK_FLAGS: tuple[str, ...] = ()
 BUILD_LOCK_TIMEOUT_S = 3 * 3600.0
 
 
@@ -180,14 +182,6 @@ def _symbolic_flags() -> list[str]:
             f"-I<cutlass>/examples/{EX88}", "-isystem", "<curand>", *LINK_FLAGS]
 
 
-def _sha256_file(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def source_hash(src: Path) -> str:
     """sha256 over example 88's own directory and examples/common (relative path + content, sorted)."""
     h = hashlib.sha256()
@@ -207,7 +201,7 @@ def key_fields(src: Path, nvcc_ver: str) -> dict[str, Any]:
         "format": CACHE_FORMAT,
         "flags": _symbolic_flags(),
         "nvcc_version": nvcc_ver,
-        "cutlass_version_h_sha256": _sha256_file(version_h),
+        "cutlass_version_h_sha256": sha256_file(version_h),
         "cutlass_version": cutlass_version(src),
         "source_sha256": source_hash(src),
     }
@@ -246,7 +240,7 @@ def _valid_entry(entry: Path, key: str) -> Path | None:
     if meta.get("key") != key or not binp.is_file():
         return None
     try:
-        if binp.stat().st_size != meta.get("binary_size") or _sha256_file(binp) != meta.get("binary_sha256"):
+        if binp.stat().st_size != meta.get("binary_size") or sha256_file(binp) != meta.get("binary_sha256"):
             return None
     except OSError:
         return None
@@ -266,7 +260,7 @@ def _publish(staging: Path, final: Path) -> None:
 
 def _write_meta(entry: Path, key: str, fields: dict[str, Any], **extra: Any) -> None:
     binp = entry / EX88
-    meta = {"key": key, **fields, "binary_size": binp.stat().st_size, "binary_sha256": _sha256_file(binp),
+    meta = {"key": key, **fields, "binary_size": binp.stat().st_size, "binary_sha256": sha256_file(binp),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
     (entry / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 

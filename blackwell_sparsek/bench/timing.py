@@ -138,14 +138,7 @@ def loop_bench(fn: Callable[[], Any], *, device: str = "cuda", n: int = 20, reps
             torch.cuda.synchronize()
             time.sleep(idle_s)
             fn()
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(n):
-                fn()
-            b.record()
-            b.synchronize()
-            xs.append(a.elapsed_time(b) / n)
+            xs.append(_event_loop_ms(fn, n))
         return _from_samples(xs, f"burst{n}-after-{idle_s:g}s-idle")
     if est_ms:
         reps = max(3, min(reps, int(budget_ms / max(n * est_ms, 1e-3))))
@@ -161,17 +154,21 @@ def loop_bench(fn: Callable[[], Any], *, device: str = "cuda", n: int = 20, reps
     import torch
     fn()
     torch.cuda.synchronize()
-    xs = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(n):
-            fn()
-        b.record()
-        b.synchronize()
-        xs.append(a.elapsed_time(b) / n)
+    xs = [_event_loop_ms(fn, n) for _ in range(reps)]
     return _from_samples(xs, f"loop{n}-cuda-events")
+
+
+def _event_loop_ms(fn: Callable[[], Any], n: int) -> float:
+    """Per-call ms of ``n`` back-to-back calls between two CUDA events on the current stream."""
+    import torch
+    a = torch.cuda.Event(enable_timing=True)
+    b = torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / n
 
 
 def sync(device: str) -> None:

@@ -55,8 +55,11 @@ def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedu
                           stages=_DEFAULT_STAGES.get(head_dim, 2), block_m=bm, block_n=bn)
     if cfg.problems():
         near = cfg.nearest_valid()
-        if near is None:
-            cfg.validate()  # raises with the reasons
+        if near is None or (near.block_m, near.block_n) != (bm, bn):
+            raise InvalidConfigError(
+                f"no sm90a attention kernel serves {bm}x{bn} layout blocks: block_m must be a multiple of 128 (one "
+                f"128-row tile per block row) and block_n a multiple of 64; build the layout with block_m=128, "
+                f"block_n=128 (reasons: {'; '.join(cfg.problems())})")
         cfg = near
     return cfg
 

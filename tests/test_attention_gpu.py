@@ -103,6 +103,18 @@ def test_gqa_bshd_and_causal_rectangular(schedule):
         _check(q, k, v, lay, config=default_config(128, torch.bfloat16, lay, schedule=schedule), causal=True)
 
 
+@pytest.mark.parametrize("block", [(128, 64), (256, 128), (128, 256)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_other_block_sizes(block, head_dim):
+    # tile_n 64 under 64-wide blocks; two 128-row tiles per 256-row block; two 128-key tiles per 256-key block.
+    bm, bn = block
+    for lay, causal in ((L.random_topk(seq_q=777, seq_k=1300, k=3, seed=5, num_heads=2, block_m=bm, block_n=bn),
+                         False),
+                        (L.dense(seq_q=777, seq_k=1300, block_m=bm, block_n=bn), True)):
+        q, k, v = _qkv(1, 2, 777, 1300, head_dim, torch.float16)
+        _check(q, k, v, lay, causal=causal)
+
+
 def test_mqa_per_head_layout_default_config():
     q, k, v = _qkv(1, 4, 1024, 1024, 64, torch.float16, Hkv=1)
     lay = L.random_topk(seq_q=1024, k=3, seed=11, num_heads=4)

@@ -139,3 +139,13 @@ def test_resolve_config_errors(tmp_path):
         resolve_config(str(bad))
     with pytest.raises(InvalidConfigError):
         get_config("../pyproject")
+
+
+def test_unservable_layout_blocks_raise_instead_of_running_a_wrong_kernel():
+    import torch
+    from blackwell_sparsek.layout import BlockSparseLayout as L
+    from blackwell_sparsek.ops import default_config
+    with pytest.raises(InvalidConfigError, match="block_m must be a multiple of 128"):
+        default_config(128, torch.float16, L.dense(1000, block_m=64, block_n=64))
+    cfg = default_config(128, torch.float16, L.dense(1000, block_m=128, block_n=64))
+    assert (cfg.block_m, cfg.block_n, cfg.tile_n) == (128, 64, 64)

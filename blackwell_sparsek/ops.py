@@ -21,7 +21,7 @@ from .errors import InputError, InvalidConfigError, LayoutError, ToolchainError
 
 _DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 # Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
-_DEFAULT_STAGES = {64: 8, 128: 5, 256: 2}
+_DEFAULT_STAGES = {64: 8, 128: 5, 256: 4}
 # The schedule sparse_attention picks, from same-run measurements on an H200 (docs/perf_notes.md,
 # bench/results/): the persistent ping-pong kernel wins for D=64 when every row has the same number of blocks
 # (dense, top-k); the cooperative kernel wins or ties everywhere else (D=128, and rows of uneven length such as

@@ -115,6 +115,15 @@ def test_other_block_sizes(block, head_dim):
         _check(q, k, v, lay, causal=causal)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_head_dim_256(dtype):
+    # D=256 runs with 128x64 tiles (accumulators must fit in registers); no named config, derived by default_config.
+    for lay, causal in ((L.dense(seq_q=700, seq_k=900), False), (L.dense(seq_q=700, seq_k=900), True),
+                        (L.random_topk(seq_q=700, seq_k=900, k=3, seed=9, num_heads=2), False)):
+        q, k, v = _qkv(1, 2, 700, 900, 256, dtype)
+        _check(q, k, v, lay, causal=causal)
+
+
 def test_mqa_per_head_layout_default_config():
     q, k, v = _qkv(1, 4, 1024, 1024, 64, torch.float16, Hkv=1)
     lay = L.random_topk(seq_q=1024, k=3, seed=11, num_heads=4)

@@ -155,7 +155,9 @@ def _find_without_toolchain(root: Path, config: KernelConfig, source: str) -> Ca
     return best[1] if best else None
 
 
-def _publish(staging: Path, final: Path, root: Path) -> None:
+def publish(staging: Path, final: Path, root: Path) -> None:
+    """Move a finished staging dir into place (the caller holds the key's lock); an entry already at ``final``
+    (corrupt or mismatched) is moved aside first."""
     if final.exists():  # corrupt or mismatched entry: move it aside, then replace
         trash = root / ".trash" / f"{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
         trash.parent.mkdir(parents=True, exist_ok=True)
@@ -212,7 +214,7 @@ def _build_into_cache(config: KernelConfig, source: str, key: str, fingerprint: 
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, staging / META_NAME)  # meta last: an entry without it is never a hit
     final = entry_dir(root, kernel_name, key)
-    _publish(staging, final, root)
+    publish(staging, final, root)
     return CacheEntry(key, kernel_name, final, meta, built=True)
 
 

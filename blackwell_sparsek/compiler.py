@@ -154,10 +154,14 @@ def _cutlass_version_at(version_h: Path, mtime_ns: int) -> str:
     return ".".join(parts)
 
 
+def read_cutlass_version(version_h: Path) -> str:
+    """``MAJOR.MINOR.PATCH`` from a CUTLASS ``version.h`` (memoized while the file is unchanged)."""
+    return _cutlass_version_at(version_h, version_h.stat().st_mtime_ns)
+
+
 def cutlass_version(paths: CutlassPaths | None = None) -> str:
     """CUTLASS version from include/cutlass/version.h (never from wheel metadata)."""
-    vh = (paths or cutlass_paths()).include / "cutlass" / "version.h"
-    return _cutlass_version_at(vh, vh.stat().st_mtime_ns)
+    return read_cutlass_version((paths or cutlass_paths()).include / "cutlass" / "version.h")
 
 
 @lru_cache(maxsize=None)

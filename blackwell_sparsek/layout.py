@@ -254,33 +254,20 @@ class BlockSparseCSC:
     col_ptr: torch.Tensor
     row_idx: torch.Tensor
     block_kind: torch.Tensor
-    seq_q: int
-    seq_k: int
-    block_m: int
-    block_n: int
-    window_left: int
-    window_right: int
-    _layout: "BlockSparseLayout" = dataclasses.field(repr=False, default=None)
+    _layout: "BlockSparseLayout" = dataclasses.field(repr=False)
 
-    @property
-    def num_heads(self) -> int:
-        return self.col_ptr.shape[0]
-
-    @property
-    def n_qblocks(self) -> int:
-        return _cdiv(self.seq_q, self.block_m)
-
-    @property
-    def n_kblocks(self) -> int:
-        return _cdiv(self.seq_k, self.block_n)
-
-    @property
-    def nnz(self) -> int:
-        return self._layout.nnz
-
-    @property
-    def device(self) -> torch.device:
-        return self.col_ptr.device
+    # Sizes and the rule are the layout's own: read through, never copied.
+    seq_q = property(lambda self: self._layout.seq_q)
+    seq_k = property(lambda self: self._layout.seq_k)
+    block_m = property(lambda self: self._layout.block_m)
+    block_n = property(lambda self: self._layout.block_n)
+    window_left = property(lambda self: self._layout.window_left)
+    window_right = property(lambda self: self._layout.window_right)
+    num_heads = property(lambda self: self._layout.num_heads)
+    n_qblocks = property(lambda self: self._layout.n_qblocks)
+    n_kblocks = property(lambda self: self._layout.n_kblocks)
+    nnz = property(lambda self: self._layout.nnz)
+    device = property(lambda self: self.col_ptr.device)
 
     def col_order(self) -> torch.Tensor:
         """int32 [Hl, nk]: key-block columns by descending number of blocks (stable), heaviest first."""
@@ -655,8 +642,7 @@ class BlockSparseLayout:
         if got is None:
             h, r, c, k = self._coo()
             ptr, idx, kinds = _compress(self.num_heads, self.n_kblocks, self.n_qblocks, h, c, r, k, presorted=False)
-            got = BlockSparseCSC(ptr, idx, kinds, self._seq_q, self._seq_k, self._block_m, self._block_n,
-                                 self._window_left, self._window_right, self)
+            got = BlockSparseCSC(ptr, idx, kinds, self)
             self._cache["csc"] = got
         return got
 
@@ -793,6 +779,13 @@ class BlockSparseLayout:
             ok2 = c2 <= d[r2]
             r2, c2 = r2[ok2], c2[ok2]
         r, c = torch.cat([r1, r2]), torch.cat([c1, c2])
+        return cls._from_candidates(g, r, c, causal, num_heads, device)
+
+    @classmethod
+    def _from_candidates(cls, g: "_Geom", r: torch.Tensor, c: torch.Tensor, causal: bool, num_heads: int,
+                         device: Any) -> "BlockSparseLayout":
+        """A shared-head layout from candidate (row, col) blocks, columns outside [0, nk) dropped; ``causal``
+        intersects with the causal rule (-1, 0), else no rule."""
         ok = (c >= 0) & (c < g.nk)
         r, c = r[ok], c[ok]
         wl, wr = (-1, 0) if causal else (-1, -1)
@@ -814,11 +807,7 @@ class BlockSparseLayout:
         offs = -steps if causal else torch.cat([-steps, steps[1:]])
         c = (d.unsqueeze(1) + offs.unsqueeze(0))
         r = torch.arange(g.nq).unsqueeze(1).expand_as(c)
-        ok = (c >= 0) & (c < g.nk)
-        r, c = r[ok], c[ok]
-        wl, wr = (-1, 0) if causal else (-1, -1)
-        lay = cls._build(g, 1, torch.zeros_like(r), r, c, wl, wr)
-        return lay._repeat_heads(num_heads).to(device)
+        return cls._from_candidates(g, r, c, causal, num_heads, device)
 
     @classmethod
     def global_local(cls, seq_q: int, n_global: int, window: int, seq_k: int | None = None, block_m: int = 128,

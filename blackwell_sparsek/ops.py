@@ -8,7 +8,6 @@ one-time warning.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import warnings

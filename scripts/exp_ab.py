@@ -6,7 +6,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import blackwell_sparsek as bsk
 from blackwell_sparsek.config import Schedule
 from blackwell_sparsek.ops import default_config
-from blackwell_sparsek.reference import relative_error
 from blackwell_sparsek.bench.timing import loop_bench
 L = bsk.BlockSparseLayout
 tag = os.environ.get("BSK_NVCC_FLAGS", "") or "default"

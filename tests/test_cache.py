@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-import filelock
 import pytest
 
 from blackwell_sparsek import BskError, JitDisabledError, KernelCompileError, cache, compiler

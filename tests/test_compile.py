@@ -242,6 +242,16 @@ def _exported_symbols(so: Path) -> str:
     return subprocess.run([nm, "-D", "--defined-only", str(so)], capture_output=True, text=True).stdout
 
 
+def _assert_fresh_kernel_artifact(cfg, e):
+    """A just-built entry: a non-empty .so exporting the launcher ABI and carrying the kernel's name."""
+    assert e.built and e.so_path.stat().st_size > 0
+    syms = _exported_symbols(e.so_path)
+    if syms:
+        for s in ("bsk_launch", "bsk_kernel_name", "bsk_smem_bytes"):
+            assert s in syms
+    assert cfg.kernel_name.encode() in e.so_path.read_bytes()
+
+
 @pytest.mark.real_compile
 def test_real_compile_pipeline_with_stub_header(bsk_cache, tmp_path, monkeypatch):
     """The real nvcc on the real template, with a tiny stand-in for the kernel header (a few seconds)."""
@@ -252,12 +262,7 @@ def test_real_compile_pipeline_with_stub_header(bsk_cache, tmp_path, monkeypatch
     monkeypatch.setattr(compiler, "include_dir", lambda: inc)
     cfg = get_config("sm90_fwd_d64_fp16_coop_128x128")
     e = cache.ensure_built(cfg, progress=False)
-    assert e.built and e.so_path.stat().st_size > 0
-    syms = _exported_symbols(e.so_path)
-    if syms:
-        for s in ("bsk_launch", "bsk_kernel_name", "bsk_smem_bytes"):
-            assert s in syms
-    assert cfg.kernel_name.encode() in e.so_path.read_bytes()
+    _assert_fresh_kernel_artifact(cfg, e)
     meta = json.loads((e.path / "meta.json").read_text())
     assert "-gencode=arch=compute_90a,code=sm_90a" in meta["flags"]
     assert cache.ensure_built(cfg).built is False
@@ -273,11 +278,6 @@ def test_real_compile_sm90a_kernel(bsk_cache):
         pytest.skip(f"{header} is not written yet")
     cfg = get_config("sm90_fwd_d128_fp16_coop_128x128")
     e = cache.ensure_built(cfg)  # raises KernelCompileError with the first nvcc errors on failure
-    assert e.built and e.so_path.stat().st_size > 0
-    syms = _exported_symbols(e.so_path)
-    if syms:
-        for s in ("bsk_launch", "bsk_kernel_name", "bsk_smem_bytes"):
-            assert s in syms
-    assert cfg.kernel_name.encode() in e.so_path.read_bytes()
+    _assert_fresh_kernel_artifact(cfg, e)
     print(f"\n{cfg.kernel_name}: compiled in {e.meta['build_seconds']:.1f}s, "
           f"{e.so_path.stat().st_size / 1e6:.2f} MB ({os.cpu_count()} CPUs)")

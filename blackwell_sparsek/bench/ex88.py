@@ -37,7 +37,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..cache import sha256_file
+from ..cache import cache_root, publish, sha256_file
+from ..compiler import cutlass_root, nvcc_version, read_cutlass_version
+from ..compiler import find_nvcc as compiler_find_nvcc
 from ..errors import KernelCompileError, ToolchainError
 
 EX88 = "88_hopper_fmha"
@@ -61,20 +63,8 @@ def _log(msg: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 def cutlass_source_dir() -> Path:
-    """Root of the CUTLASS source tree shipped in the nvidia-cutlass wheel (``cutlass_library.source_path``)."""
-    env = os.environ.get("BSK_CUTLASS_SOURCE")
-    if env:
-        p = Path(env)
-        if not (p / "include" / "cutlass" / "version.h").is_file():
-            raise ToolchainError(f"BSK_CUTLASS_SOURCE={env} has no include/cutlass/version.h")
-        return p
-    try:
-        import cutlass_library  # type: ignore[import-not-found]
-    except ImportError:
-        raise ToolchainError(
-            "cannot import cutlass_library: install the CUTLASS wheel (pip install nvidia-cutlass==4.2.0.0) or "
-            "point BSK_CUTLASS_SOURCE at a CUTLASS source tree") from None
-    p = Path(getattr(cutlass_library, "source_path", Path(cutlass_library.__file__).parent / "source"))
+    """The CUTLASS tree the kernels compile against (compiler.cutlass_root), checked for example 88's source."""
+    p = cutlass_root()
     if not (p / "examples" / EX88 / f"{EX88}.cu").is_file():
         raise ToolchainError(f"the CUTLASS tree at {p} has no examples/{EX88}/{EX88}.cu "
                              f"(needs nvidia-cutlass >= 4.0 with its examples)")
@@ -82,32 +72,7 @@ def cutlass_source_dir() -> Path:
 
 
 def find_nvcc() -> Path:
-    """nvcc from $BSK_NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, PATH, /usr/local/cuda/bin, in that order."""
-    cands: list[Path] = []
-    if os.environ.get("BSK_NVCC"):
-        cands.append(Path(os.environ["BSK_NVCC"]))
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            cands.append(Path(os.environ[var]) / "bin" / "nvcc")
-    w = shutil.which("nvcc")
-    if w:
-        cands.append(Path(w))
-    cands.append(Path("/usr/local/cuda/bin/nvcc"))
-    for c in cands:
-        if c.is_file() and os.access(c, os.X_OK):
-            return c
-    raise ToolchainError("nvcc not found (looked at $BSK_NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, PATH, "
-                         "/usr/local/cuda/bin): install the CUDA toolkit or set CUDA_HOME")
-
-
-def nvcc_version(nvcc: Path) -> str:
-    try:
-        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ToolchainError(f"cannot run {nvcc} --version: {e}") from None
-    if out.returncode != 0:
-        raise ToolchainError(f"{nvcc} --version failed: {out.stderr.strip()[:500]}")
-    return out.stdout.strip()
+    return Path(compiler_find_nvcc())
 
 
 def _cuda_homes() -> list[Path]:
@@ -202,28 +167,13 @@ def key_fields(src: Path, nvcc_ver: str) -> dict[str, Any]:
         "flags": _symbolic_flags(),
         "nvcc_version": nvcc_ver,
         "cutlass_version_h_sha256": sha256_file(version_h),
-        "cutlass_version": cutlass_version(src),
+        "cutlass_version": read_cutlass_version(version_h),
         "source_sha256": source_hash(src),
     }
 
 
 def cache_key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def cutlass_version(src: Path) -> str:
-    text = (src / "include" / "cutlass" / "version.h").read_text(errors="replace")
-    parts = []
-    for name in ("MAJOR", "MINOR", "PATCH"):
-        m = re.search(rf"#define\s+CUTLASS_{name}\s+(\d+)", text)
-        parts.append(m.group(1) if m else "?")
-    return ".".join(parts)
-
-
-def cache_root() -> Path:
-    """The package cache root: $BSK_CACHE_DIR, else ~/.cache/blackwell_sparsek."""
-    env = os.environ.get("BSK_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "blackwell_sparsek"
 
 
 def ex88_cache_dir() -> Path:
@@ -249,15 +199,6 @@ def _valid_entry(entry: Path, key: str) -> Path | None:
     return binp
 
 
-def _publish(staging: Path, final: Path) -> None:
-    """Move a finished staging dir into place; a stale/corrupt entry at ``final`` is replaced (caller holds the lock)."""
-    if final.exists():
-        trash = final.with_name(f".trash-{final.name[:12]}-{os.getpid()}-{time.time_ns()}")
-        os.replace(final, trash)
-        shutil.rmtree(trash, ignore_errors=True)
-    os.replace(staging, final)
-
-
 def _write_meta(entry: Path, key: str, fields: dict[str, Any], **extra: Any) -> None:
     binp = entry / EX88
     meta = {"key": key, **fields, "binary_size": binp.stat().st_size, "binary_sha256": sha256_file(binp),
@@ -277,7 +218,7 @@ class Toolchain:
     def discover(cls) -> "Toolchain":
         src = cutlass_source_dir()
         nvcc = find_nvcc()
-        ver = nvcc_version(nvcc)
+        ver = nvcc_version(str(nvcc))
         fields = key_fields(src, ver)
         return cls(nvcc, ver, src, fields, cache_key(fields))
 
@@ -337,7 +278,7 @@ def build(tc: Toolchain | None = None, *, progress: bool = True) -> Path:
                     + f"\nbuild dir kept: {failed}")
             _write_meta(staging, tc.key, tc.fields, build_seconds=round(elapsed, 1), curand_include=str(curand),
                         command=cmd)
-            _publish(staging, tc.entry)
+            publish(staging, tc.entry, ex88_cache_dir())
             if progress:
                 _log(f"[bsk] example 88 built in {elapsed:.0f} s -> {tc.entry / EX88}")
     except Timeout:
@@ -367,7 +308,7 @@ def import_binary(path: str | os.PathLike[str], tc: Toolchain | None = None, *, 
         shutil.copy2(src_bin, staging / EX88)
         os.chmod(staging / EX88, 0o755)
         _write_meta(staging, tc.key, tc.fields, imported_from=str(src_bin.resolve()), note=note)
-        _publish(staging, tc.entry)
+        publish(staging, tc.entry, ex88_cache_dir())
     hit = _valid_entry(tc.entry, tc.key)
     assert hit is not None
     return hit

@@ -339,7 +339,7 @@ class BlockSparseLayout:
 
     def _set_nnz(self) -> None:
         object.__setattr__(self, "_nnz_per_head", [int(x) for x in self._row_ptr[:, -1].tolist()])
-        self.uniform_rows()  # one more small sync while constructing, so later calls (and torch.compile) read a bool
+        self.balanced_rows()  # small syncs while constructing, so later calls (and torch.compile) read bools
 
     @classmethod
     def _trusted(cls, row_ptr, col_idx, block_kind, g: _Geom, wl: int, wr: int, *, check: bool = True,
@@ -540,8 +540,9 @@ class BlockSparseLayout:
             other = BlockSparseLayout._trusted(self._row_ptr.to(dev), self._col_idx.to(dev),
                                                self._block_kind.to(dev), self._geom(), self._window_left,
                                                self._window_right, check=False, nnz_per_head=self._nnz_per_head)
-            if "uniform_rows" in self._cache:
-                other._cache["uniform_rows"] = self._cache["uniform_rows"]
+            for key in ("uniform_rows", "balanced_rows"):
+                if key in self._cache:
+                    other._cache[key] = self._cache[key]
             object.__setattr__(other, "_copies", copies)
             copies[dev] = other
         return other
@@ -582,6 +583,19 @@ class BlockSparseLayout:
             c = self.row_counts()
             got = bool((c.amin() == c.amax()).item()) if c.numel() else True
             self._cache["uniform_rows"] = got
+        return got
+
+    def balanced_rows(self) -> bool:
+        """True when no query-block row lists more than 1.25x the mean row's blocks (dense, top-k, sliding
+        windows; not causal). Cached. sparse_attention's default schedule keys on it: persistent ping-pong CTAs
+        win when rows cost about the same, one CTA per tile in heaviest-first order when they do not."""
+        got = self._cache.get("balanced_rows")
+        if got is None:
+            c = self.row_counts()
+            got = True
+            if not self.uniform_rows() and c.numel():
+                got = bool((c.amax().double() <= 1.25 * c.double().mean()).item())
+            self._cache["balanced_rows"] = got
         return got
 
     def row_order(self) -> torch.Tensor:

@@ -22,11 +22,13 @@ _DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 # Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
 _DEFAULT_STAGES = {64: 8, 128: 5, 256: 4}
 # The schedule sparse_attention picks, from same-run measurements on an H200 (docs/perf_notes.md,
-# bench/results/): the persistent ping-pong kernel wins for D=64 when every row has the same number of blocks
-# (dense, top-k); the cooperative kernel wins or ties everywhere else (D=128, and rows of uneven length such as
-# causal, where one CTA per tile in heaviest-first order balances best).
-def _default_schedule(head_dim: int, uniform_rows: bool) -> Schedule:
-    return Schedule.PINGPONG if head_dim == 64 and uniform_rows else Schedule.COOPERATIVE
+# bench/results/): persistent ping-pong CTAs win at head_dim 64 and 128 when rows cost about the same (dense,
+# top-k, sliding windows); one CTA per tile in heaviest-first order (cooperative) wins when rows differ a lot
+# (causal) and at head_dim 256; layouts with 64-row blocks need the single-warpgroup kernel.
+def _default_schedule(head_dim: int, balanced_rows: bool, block_m: int = 128) -> Schedule:
+    if block_m % 128:
+        return Schedule.SINGLE
+    return Schedule.PINGPONG if head_dim <= 128 and balanced_rows else Schedule.COOPERATIVE
 
 
 # -- config choice ------------------------------------------------------------------------------------------
@@ -38,7 +40,7 @@ def default_config(head_dim: int, dtype: torch.dtype | DType, layout=None, sched
     bm = layout.block_m if layout is not None else 128
     bn = layout.block_n if layout is not None else 128
     if schedule is None:
-        schedule = _default_schedule(head_dim, layout.uniform_rows() if layout is not None else True)
+        schedule = _default_schedule(head_dim, layout.balanced_rows() if layout is not None else True, bm)
     return _derived_config(head_dim, dt, bm, bn, schedule)
 
 
@@ -49,16 +51,19 @@ def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedu
         if (isinstance(cfg, AttentionConfig) and cfg.head_dim == head_dim and cfg.dtype is dt and cfg.block_m == bm
                 and cfg.block_n == bn and cfg.schedule is schedule):
             return cfg
-    tile_n = 128 if bn % 128 == 0 and head_dim <= 128 else 64
-    cfg = AttentionConfig(head_dim=head_dim, dtype=dt, schedule=schedule, tile_n=tile_n,
-                          stages=_DEFAULT_STAGES.get(head_dim, 2), block_m=bm, block_n=bn)
+    single = schedule is Schedule.SINGLE
+    # one 64-row warpgroup per CTA, two CTAs per SM: 128-key tiles fit the shared memory only at head_dim 64
+    tile_n = 128 if bn % 128 == 0 and head_dim <= (64 if single else 128) else 64
+    cfg = AttentionConfig(head_dim=head_dim, dtype=dt, schedule=schedule, tile_m=64 if single else 128,
+                          tile_n=tile_n, stages=4 if single else _DEFAULT_STAGES.get(head_dim, 2),
+                          block_m=bm, block_n=bn)
     if cfg.problems():
         near = cfg.nearest_valid()
         if near is None or (near.block_m, near.block_n) != (bm, bn):
             raise InvalidConfigError(
-                f"no sm90a attention kernel serves {bm}x{bn} layout blocks: block_m must be a multiple of 128 (one "
-                f"128-row tile per block row) and block_n a multiple of 64; build the layout with block_m=128, "
-                f"block_n=128 (reasons: {'; '.join(cfg.problems())})")
+                f"no sm90a attention kernel serves {bm}x{bn} layout blocks at head_dim {head_dim}: block_m must be "
+                f"a multiple of 64 (128 for the two-warpgroup kernels) and block_n a multiple of 64; build the "
+                f"layout with block_m=128, block_n=128 (reasons: {'; '.join(cfg.problems())})")
         cfg = near
     return cfg
 
@@ -250,7 +255,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
             raise LayoutError(f"under torch.compile the layout must already be on {q.device}: call "
                               f"layout.to({str(q.device)!r}) once before the compiled function")
         cfg_json = _config_json_const(config, D, q.dtype, layout.block_m, layout.block_n, layout.nnz,
-                                      layout.num_heads, layout.n_qblocks, layout.uniform_rows())
+                                      layout.num_heads, layout.n_qblocks, layout.balanced_rows())
         lay = layout
     else:
         if not q.is_cuda:
@@ -269,13 +274,13 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
 
 
 @torch.compiler.assume_constant_result
-def _config_json_const(config, head_dim, dtype, block_m, block_n, nnz, layout_heads, n_qblocks, uniform_rows) -> str:
+def _config_json_const(config, head_dim, dtype, block_m, block_n, nnz, layout_heads, n_qblocks, balanced_rows) -> str:
     """The kernel config as JSON, computed once at trace time from plain values (a torch.compile constant)."""
     class _Geom:  # just what default_config reads of a layout
         pass
     g = _Geom()
     g.block_m, g.block_n, g.nnz, g.num_heads, g.n_qblocks = block_m, block_n, nnz, layout_heads, n_qblocks
-    g.uniform_rows = lambda: uniform_rows
+    g.balanced_rows = lambda: balanced_rows
     return _json(_resolve_config(config, head_dim, dtype, g))
 
 

@@ -94,7 +94,7 @@ def test_named_configs(name, pattern, lengths):
     _check(q, k, v, layout, config=cfg, causal=causal)
 
 
-@pytest.mark.parametrize("schedule", [Schedule.COOPERATIVE, Schedule.PINGPONG])
+@pytest.mark.parametrize("schedule", [Schedule.COOPERATIVE, Schedule.PINGPONG, Schedule.SINGLE])
 def test_gqa_bshd_and_causal_rectangular(schedule):
     # GQA (8 query heads over 2 K/V heads), (B, S, H, D) storage, causal with seq_q < seq_k and seq_q > seq_k.
     for Sq, Sk in ((300, 777), (900, 400)):
@@ -103,10 +103,11 @@ def test_gqa_bshd_and_causal_rectangular(schedule):
         _check(q, k, v, lay, config=default_config(128, torch.bfloat16, lay, schedule=schedule), causal=True)
 
 
-@pytest.mark.parametrize("block", [(128, 64), (256, 128), (128, 256)])
+@pytest.mark.parametrize("block", [(128, 64), (256, 128), (128, 256), (64, 128), (64, 64)])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_other_block_sizes(block, head_dim):
-    # tile_n 64 under 64-wide blocks; two 128-row tiles per 256-row block; two 128-key tiles per 256-key block.
+    # tile_n 64 under 64-wide blocks; two 128-row tiles per 256-row block; two 128-key tiles per 256-key block;
+    # 64-row blocks run the single-warpgroup kernel.
     bm, bn = block
     for lay, causal in ((L.random_topk(seq_q=777, seq_k=1300, k=3, seed=5, num_heads=2, block_m=bm, block_n=bn),
                          False),

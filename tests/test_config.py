@@ -19,7 +19,7 @@ from blackwell_sparsek.config import (
 REQUIRED_NAMES = {
     f"sm90_fwd_d{d}_{dt}_{s}_128x128"
     for d in (128, 64) for dt in ("fp16", "bf16") for s in ("coop", "pingpong")
-}
+} | {f"sm90_fwd_d64_{dt}_single_64x128" for dt in ("fp16", "bf16")}
 
 
 def test_required_named_configs_exist_and_validate():
@@ -38,11 +38,13 @@ def test_named_config_matches_its_name(name):
     assert cfg.arch is Arch.SM90A
     assert cfg.head_dim == int(d[1:])
     assert cfg.dtype is DType(dt)
-    assert cfg.schedule is {"coop": Schedule.COOPERATIVE, "pingpong": Schedule.PINGPONG}[sched]
+    assert cfg.schedule is {"coop": Schedule.COOPERATIVE, "pingpong": Schedule.PINGPONG,
+                            "single": Schedule.SINGLE}[sched]
     assert f"{cfg.tile_m}x{cfg.tile_n}" == tiles
-    assert 2 <= cfg.stages <= 8  # tuned per head dim; the shared-memory budget below is the rule
-    from blackwell_sparsek.config import SM90_SMEM_OPTIN
+    assert 2 <= cfg.stages <= 16  # tuned per head dim; the shared-memory budget below is the rule
+    from blackwell_sparsek.config import SM90_SMEM_OPTIN, SM90_SMEM_PER_SM
     assert cfg.smem_bytes() <= SM90_SMEM_OPTIN
+    assert cfg.ctas_per_sm * (cfg.smem_bytes() + 1024) <= SM90_SMEM_PER_SM
 
 
 def test_named_config_names_are_unique_kernels():
@@ -89,6 +91,10 @@ def test_round_trip_json_and_dict():
     (dict(block_n=100), "block_n 100"),
     (dict(arch="sm100a"), "sm100a"),
     (dict(head_dim=256, tile_n=128, stages=2), "accumulator registers"),
+    (dict(head_dim=64, schedule="single"), "tile_m 128 != 64"),
+    (dict(head_dim=64, schedule="single", tile_m=64, stages=5), "even count"),
+    (dict(head_dim=64, schedule="single", tile_m=64, stages=8), "with 2 per SM"),
+    (dict(head_dim=64, schedule="pingpong", tile_m=64), "schedule='single'"),
 ])
 def test_invalid_configs_rejected_with_reason_and_nearest(changes, reason):
     cfg = dataclasses.replace(AttentionConfig(), **changes)
@@ -145,7 +151,28 @@ def test_unservable_layout_blocks_raise_instead_of_running_a_wrong_kernel():
     import torch
     from blackwell_sparsek.layout import BlockSparseLayout as L
     from blackwell_sparsek.ops import default_config
-    with pytest.raises(InvalidConfigError, match="block_m must be a multiple of 128"):
-        default_config(128, torch.float16, L.dense(1000, block_m=64, block_n=64))
+    with pytest.raises(InvalidConfigError, match="block_m must be a multiple of 64"):
+        default_config(128, torch.float16, L.dense(1000, block_m=32, block_n=64))
+    with pytest.raises(InvalidConfigError, match="at head_dim 256"):  # its single-warpgroup tiles do not fit
+        default_config(256, torch.float16, L.dense(1000, block_m=64, block_n=64))
     cfg = default_config(128, torch.float16, L.dense(1000, block_m=128, block_n=64))
     assert (cfg.block_m, cfg.block_n, cfg.tile_n) == (128, 64, 64)
+    # 64-row blocks: the single-warpgroup kernel (64-row tiles), 128-key tiles only where they fit
+    for d, bn, tn in ((64, 128, 128), (64, 64, 64), (128, 128, 64)):
+        cfg = default_config(d, torch.float16, L.dense(1000, block_m=64, block_n=bn))
+        assert (cfg.schedule, cfg.tile_m, cfg.tile_n, cfg.block_m) == (Schedule.SINGLE, 64, tn, 64)
+        assert cfg.problems() == []
+
+
+def test_default_schedule_follows_row_balance():
+    import torch
+    from blackwell_sparsek.layout import BlockSparseLayout as L
+    from blackwell_sparsek.ops import default_config
+    for lay, want in ((L.dense(4096), Schedule.PINGPONG),
+                      (L.random_topk(4096, k=8, seed=1, num_heads=2), Schedule.PINGPONG),
+                      (L.sliding_window(32768, window=2048), Schedule.PINGPONG),
+                      (L.causal(4096), Schedule.COOPERATIVE)):
+        assert lay.balanced_rows() is (want is Schedule.PINGPONG)
+        for d in (64, 128):
+            assert default_config(d, torch.float16, lay).schedule is want
+        assert default_config(256, torch.float16, lay).schedule is Schedule.COOPERATIVE

@@ -21,6 +21,7 @@
 #include "cutlass/fast_math.h"
 #include "cute/tensor.hpp"
 
+#include "collective/fmha_collective_tma.hpp"
 #include "collective/fmha_collective_tma_warpspecialized.hpp"
 #include "collective/fmha_epilogue.hpp"
 #include "collective/fmha_fusion.hpp"
@@ -82,48 +83,14 @@ struct BsrRowCursor {
   }
 };
 
-// QStages: Q slots, one per MMA warpgroup per tile in flight (2 = no prefetch of the next tile's Q; 4 lets a
-// persistent CTA load the next tile's Q while this one computes).
-template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
-          bool Persistent>
-struct BsrMainloop
-    : fmha_c::FmhaMainloopTmaWarpSpecialized<
-          Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
-          fmha_c::DefaultFusion,
-          fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::bool_constant<Persistent>>,
-          fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
-          fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>> {
-  using Base = fmha_c::FmhaMainloopTmaWarpSpecialized<
-      Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
-      fmha_c::DefaultFusion,
-      fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::bool_constant<Persistent>>,
-      fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
-      fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>>;
-
-  using typename Base::TileShape;
-  using typename Base::TileShapeQK;
-  using typename Base::TileShapePV;
-  using typename Base::TiledMmaQK;
-  using typename Base::TiledMmaPV;
-  using typename Base::SmemLayoutQ;
-  using typename Base::SmemLayoutK;
-  using typename Base::SmemLayoutV;
-  using typename Base::MainloopPipeline;
-  using typename Base::MainloopPipelineQ;
-  using typename Base::PipelineState;
-  using typename Base::PipelineStateQ;
-  using typename Base::SharedStorage;
-  using typename Base::CollectiveMmaQK;
-  using typename Base::CollectiveMmaPV;
-  using typename Base::LoadQ;
-  using typename Base::LoadK;
-  using typename Base::LoadV;
-  using Base::NumMmaWarpGroups;
-  using Base::kIsPersistent;
-
-  static_assert(TileM == 64 * NumMmaWarpGroups, "one 64-row WGMMA tile per MMA warpgroup");
-  static_assert(BlockM % TileM == 0 && BlockN % TileN == 0, "layout blocks are whole kernel tiles");
-  static constexpr int kTilesPerBlockN = BlockN / TileN;
+// What both mainloops share: Params with the layout, K/V descriptors over the K/V heads (GQA), the row lookup
+// and the element mask.
+template <class Base, int TileM, int BlockM>
+struct BsrCommon {
+  using Element = typename Base::Element;
+  using CollectiveMmaQK = typename Base::CollectiveMmaQK;
+  using CollectiveMmaPV = typename Base::CollectiveMmaPV;
+  using TiledMmaQK = typename Base::TiledMmaQK;
 
   struct Arguments {
     const Element* ptr_Q; StrideQKV dQ;
@@ -184,6 +151,85 @@ struct BsrMainloop
     return Row{l.col_idx + base, l.block_kind + base, end - start};
   }
 
+  // Sequence-end and element-rule mask for one QK tile (only called on blocks whose kind asks for it). Per row the
+  // kept keys are one interval [lo, hi] (relative to the tile's first key k0), so each element costs two compares
+  // and a select, no branches.
+  template <class AccQK, class CoordQK>
+  CUTLASS_DEVICE static void apply_mask(AccQK& acc_qk, CoordQK const& tPcP, int q0, int k0, int kind,
+                                        ProblemShape const& ps, BsrParams const& l) {
+    TiledMmaQK tiled_mma_qk;
+    Tensor acc_mn = make_tensor(acc_qk.data(), fmha_c::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
+    Tensor c_mn = make_tensor(tPcP.data(), fmha_c::layout_acc_mn(tiled_mma_qk, tPcP.layout()));
+    int seq_q = get<2>(ps), seq_k = get<3>(ps);
+    int diag = seq_k - seq_q - k0;  // bottom-right aligned, relative to k0
+    bool rule = (kind & kBlockRule) != 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size<0>(acc_mn); ++i) {
+      int qd = q0 + int(get<0>(c_mn(i, 0))) + diag;
+      int lo = 0;
+      int hi = seq_k - 1 - k0;
+      if (rule && l.window_left >= 0) lo = max(lo, qd - l.window_left);
+      if (rule && l.window_right >= 0) hi = min(hi, qd + l.window_right);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < size<1>(acc_mn); ++j) {
+        int kk = int(get<1>(c_mn(i, j)));
+        acc_mn(i, j) = (kk >= lo && kk <= hi) ? acc_mn(i, j) : -INFINITY;
+      }
+    }
+  }
+
+};
+
+// QStages: Q slots, one per MMA warpgroup (the config derives it; a persistent CTA loads the next tile's Q
+// once a warpgroup releases its slot).
+template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
+          bool Persistent>
+struct BsrMainloop
+    : fmha_c::FmhaMainloopTmaWarpSpecialized<
+          Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
+          fmha_c::DefaultFusion,
+          fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::bool_constant<Persistent>>,
+          fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
+          fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>> {
+  using Base = fmha_c::FmhaMainloopTmaWarpSpecialized<
+      Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
+      fmha_c::DefaultFusion,
+      fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::bool_constant<Persistent>>,
+      fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
+      fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>>;
+
+  using typename Base::TileShape;
+  using typename Base::TileShapeQK;
+  using typename Base::TileShapePV;
+  using typename Base::TiledMmaQK;
+  using typename Base::TiledMmaPV;
+  using typename Base::SmemLayoutQ;
+  using typename Base::SmemLayoutK;
+  using typename Base::SmemLayoutV;
+  using typename Base::MainloopPipeline;
+  using typename Base::MainloopPipelineQ;
+  using typename Base::PipelineState;
+  using typename Base::PipelineStateQ;
+  using typename Base::SharedStorage;
+  using typename Base::CollectiveMmaQK;
+  using typename Base::CollectiveMmaPV;
+  using typename Base::LoadQ;
+  using typename Base::LoadK;
+  using typename Base::LoadV;
+  using Base::NumMmaWarpGroups;
+  using Base::kIsPersistent;
+
+  static_assert(TileM == 64 * NumMmaWarpGroups, "one 64-row WGMMA tile per MMA warpgroup");
+  static_assert(BlockM % TileM == 0 && BlockN % TileN == 0, "layout blocks are whole kernel tiles");
+  static constexpr int kTilesPerBlockN = BlockN / TileN;
+
+  using Common = BsrCommon<Base, TileM, BlockM>;
+  using Arguments = typename Common::Arguments;
+  using Params = typename Common::Params;
+  using Row = typename Common::Row;
+  static Params to_underlying_arguments(ProblemShape const& ps, Arguments const& args, void* workspace) {
+    return Common::to_underlying_arguments(ps, args, workspace);
+  }
   // Producer warp: Q (unless a separate warp loads it), then K and V tiles of the listed blocks only.
   template <bool kLoadQ, class BlkCoord, class LoadWarpBarrier>
   CUTLASS_DEVICE void load_kv_maybe_q(int block_rank_in_cluster, BlkCoord const& blk_coord, Params const& params,
@@ -192,7 +238,7 @@ struct BsrMainloop
                                       PipelineStateQ& smem_pipe_write_q, SharedStorage& storage,
                                       LoadWarpBarrier& load_warp_barrier, bool do_barrier) {
     int lane_predicate = cute::elect_one_sync();
-    Row row = row_of(blk_coord, params);
+    Row row = Common::row_of(blk_coord, params);
     int n_tiles = row.count * kTilesPerBlockN;
 
     // K/V live in heads_kv heads: address them as (b, h / group) of a (B, Hkv) problem.
@@ -242,33 +288,6 @@ struct BsrMainloop
     }
   }
 
-  // Sequence-end and element-rule mask for one QK tile (only called on blocks whose kind asks for it). Per row the
-  // kept keys are one interval [lo, hi] (relative to the tile's first key k0), so each element costs two compares
-  // and a select, no branches.
-  template <class AccQK, class CoordQK>
-  CUTLASS_DEVICE static void apply_mask(AccQK& acc_qk, CoordQK const& tPcP, int q0, int k0, int kind,
-                                        ProblemShape const& ps, BsrParams const& l) {
-    TiledMmaQK tiled_mma_qk;
-    Tensor acc_mn = make_tensor(acc_qk.data(), fmha_c::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
-    Tensor c_mn = make_tensor(tPcP.data(), fmha_c::layout_acc_mn(tiled_mma_qk, tPcP.layout()));
-    int seq_q = get<2>(ps), seq_k = get<3>(ps);
-    int diag = seq_k - seq_q - k0;  // bottom-right aligned, relative to k0
-    bool rule = (kind & kBlockRule) != 0;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size<0>(acc_mn); ++i) {
-      int qd = q0 + int(get<0>(c_mn(i, 0))) + diag;
-      int lo = 0;
-      int hi = seq_k - 1 - k0;
-      if (rule && l.window_left >= 0) lo = max(lo, qd - l.window_left);
-      if (rule && l.window_right >= 0) hi = min(hi, qd + l.window_right);
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < size<1>(acc_mn); ++j) {
-        int kk = int(get<1>(c_mn(i, j)));
-        acc_mn(i, j) = (kk >= lo && kk <= hi) ? acc_mn(i, j) : -INFINITY;
-      }
-    }
-  }
-
   template <class BlkCoord, class MainloopPipelineReducer, class PipelineStateReducer, class MathWgOrderBarrier>
   CUTLASS_DEVICE auto compute(BlkCoord const& blk_coord, BlkCoord const& wg_coord, Params const& params,
                               ProblemShape const& problem_size, MainloopPipeline& pipeline,
@@ -298,7 +317,7 @@ struct BsrMainloop
     fmha_c::CollectiveSoftmax<float, fmha_c::DefaultFusion, Params> softmax{params};
     auto softmax_state = softmax.init(acc_pv, tiled_mma_pv);
 
-    Row row = row_of(blk_coord, params);
+    Row row = Common::row_of(blk_coord, params);
     int n_tiles = row.count * kTilesPerBlockN;
     BsrRowCursor cursor{row.cols, row.kinds, row.count};
 
@@ -336,7 +355,7 @@ struct BsrMainloop
       warpgroup_fence_operand(acc_qk);
       warpgroup_fence_operand(acc_pv);
 
-      if constexpr (kMasked) apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
+      if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
       if constexpr (kFirst) {
         softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
       } else {
@@ -387,6 +406,210 @@ struct BsrMainloop
 
     auto lse = softmax.tail(softmax_state, acc_pv, tiled_mma_pv);
     // Rows whose every key was masked: the softmax collective reports +inf; our contract is -inf (and O = 0).
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(lse); ++i) {
+      if (lse(i) == INFINITY) lse(i) = -INFINITY;
+    }
+    return make_tuple(acc_pv, lse);
+  }
+};
+
+// One MMA warpgroup per CTA (64 query rows) and no producer warp: warp 0 issues the K/V TMA loads of the listed
+// blocks itself, Stages/2 tiles ahead, and two CTAs share an SM so one's softmax overlaps the other's WGMMAs.
+// Within a tile, P is exponentiated one k-slice of the PV GEMM at a time (example 88's interleaved softmax step).
+// The shape example 88 runs fastest at head_dim 64.
+template <class Element, int HeadDim, int TileN, int Stages, int BlockM, int BlockN>
+struct BsrMainloopSingle
+    : fmha_c::FmhaMainloopTma<Element, float, Shape<_64, Int<TileN>, Int<HeadDim>>, fmha_c::DefaultFusion,
+                              fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>> {
+  using Base = fmha_c::FmhaMainloopTma<Element, float, Shape<_64, Int<TileN>, Int<HeadDim>>, fmha_c::DefaultFusion,
+                                       fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>>;
+  using typename Base::TileShapeQK;
+  using typename Base::TileShapePV;
+  using typename Base::TiledMmaQK;
+  using typename Base::TiledMmaPV;
+  using typename Base::SmemLayoutQ;
+  using typename Base::SmemLayoutK;
+  using typename Base::SmemLayoutV;
+  using typename Base::MainloopPipeline;
+  using typename Base::MainloopPipelineQ;
+  using typename Base::PipelineState;
+  using typename Base::PipelineStateQ;
+  using typename Base::SharedStorage;
+  using typename Base::LoadQ;
+  using typename Base::LoadK;
+  using typename Base::LoadV;
+
+  static_assert(Stages % 2 == 0 && Stages >= 4, "K and V of Stages/2 tiles in flight");
+  static_assert(BlockM % 64 == 0 && BlockN % TileN == 0, "layout blocks are whole kernel tiles");
+  static constexpr int kTilesPerBlockN = BlockN / TileN;
+  static constexpr int kLookahead = Stages / 2;  // tiles whose K/V are in flight
+
+  using Common = BsrCommon<Base, 64, BlockM>;
+  using Arguments = typename Common::Arguments;
+  using Params = typename Common::Params;
+  using Row = typename Common::Row;
+  static Params to_underlying_arguments(ProblemShape const& ps, Arguments const& args, void* workspace) {
+    return Common::to_underlying_arguments(ps, args, workspace);
+  }
+
+  template <class BlkCoord>
+  CUTLASS_DEVICE auto compute(BlkCoord const& blk_coord, Params const& params, ProblemShape const& problem_size,
+                              MainloopPipeline& pipeline, PipelineState& smem_pipe_read,
+                              PipelineState& smem_pipe_write, MainloopPipelineQ& pipeline_q,
+                              PipelineStateQ& smem_pipe_read_q, PipelineStateQ& smem_pipe_write_q,
+                              SharedStorage& storage) {
+    int thread_idx = int(threadIdx.x);
+    bool load_warp = cutlass::canonical_warp_idx_sync() == 0;
+    int lane_predicate = cute::elect_one_sync();
+    PipelineState smem_pipe_release = smem_pipe_read;
+
+    Row row = Common::row_of(blk_coord, params);
+    int n_tiles = row.count * kTilesPerBlockN;
+
+    auto kv_coord = make_coord(get<0>(blk_coord), get<1>(blk_coord),
+                               make_coord(get<2, 0>(blk_coord), get<2, 1>(blk_coord) / params.bsr.group));
+    auto kv_problem = make_shape(get<0>(problem_size), params.bsr.heads_kv, get<2>(problem_size),
+                                 get<3>(problem_size), get<4>(problem_size));
+    LoadQ load_q{params.tma_load_q, pipeline_q, storage.smem_q};
+    auto q_state = load_q.init_state(_0{}, problem_size, TileShapeQK{}, blk_coord, 1);
+    LoadK load_k{params.tma_load_k, pipeline, storage.smem_k};
+    auto k_state = load_k.init_state(0, kv_problem, TileShapeQK{}, kv_coord, n_tiles);
+    LoadV load_v{params.tma_load_v, pipeline, storage.smem_v};
+    auto v_state = load_v.init_state(0, kv_problem, TileShapePV{}, kv_coord, n_tiles);
+
+    // Warp 0's view of the row: the K/V tile of load step t (monotonic t, as BsrRowCursor requires).
+    BsrRowCursor load_cursor{row.cols, nullptr, row.count};
+    int kv_count = 2 * n_tiles;
+    int load_tile = 0;
+    auto load_kv = [&](auto is_v, int t) {
+      if (!load_warp || t >= n_tiles) return;
+      if constexpr (!decltype(is_v)::value) {
+        int col, kind;
+        load_cursor.at(t / kTilesPerBlockN, col, kind);
+        load_tile = col * kTilesPerBlockN + t % kTilesPerBlockN;
+        auto it = &load_tile;
+        load_k.template step<false>(it, k_state, smem_pipe_write, lane_predicate, kv_count);
+      } else {
+        auto it = &load_tile;  // V of the tile whose K went just before
+        load_v.template step<false>(it, v_state, smem_pipe_write, lane_predicate, kv_count);
+      }
+    };
+
+    Tensor acc_pv = partition_fragment_C(TiledMmaPV{}, take<0, 2>(TileShapePV{}));
+    fmha_c::CollectiveSoftmax<float, fmha_c::DefaultFusion, Params> softmax{params};
+    auto softmax_state = softmax.init(acc_pv, TiledMmaPV{});
+    if (n_tiles == 0) {
+      // Nothing to attend: O = 0, LSE = -inf. No load is issued: the epilogue reuses this shared memory, so no
+      // TMA write may still be in flight when it starts.
+      clear(acc_pv);
+      auto lse = make_fragment_like(get<1>(softmax_state));
+      fill(lse, -INFINITY);
+      return make_tuple(acc_pv, lse);
+    }
+
+    if (load_warp) {
+      int q_count = 1;
+      auto q_iter = cute::make_coord_iterator(1);
+      load_q.step(q_iter, q_state, smem_pipe_write_q, lane_predicate, q_count);
+    }
+    // Prologue: K and V of the first kLookahead tiles (V_t reuses K_t's load_tile, so they stay paired).
+    CUTLASS_PRAGMA_UNROLL
+    for (int t = 0; t < kLookahead; ++t) {
+      load_kv(cute::false_type{}, t);
+      load_kv(cute::true_type{}, t);
+    }
+
+    TiledMmaQK tiled_mma_qk;
+    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(thread_idx);
+    Tensor sQ = make_tensor(make_smem_ptr(storage.smem_q.data()), SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(storage.smem_k.data()), SmemLayoutK{});
+    Tensor tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ));
+    Tensor tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK));
+    TiledMmaPV tiled_mma_pv;
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(thread_idx);
+    Tensor sV = make_tensor(make_smem_ptr(storage.smem_v.data()), SmemLayoutV{});
+    Tensor tOrV = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sV));
+    Tensor tPcP = thr_mma_qk.partition_C(make_identity_tensor(take<0, 2>(TileShapeQK{})));
+    int q0 = int(get<0>(blk_coord)) * 64;
+
+    BsrRowCursor cursor{row.cols, row.kinds, row.count};
+
+    pipeline_q.consumer_wait(smem_pipe_read_q);
+
+    auto tile = [&](auto masked, auto first, int j, int k0, int kind) {
+      constexpr bool kMasked = decltype(masked)::value;
+      constexpr bool kFirst = decltype(first)::value;
+      Tensor acc_qk = partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{}));
+      pipeline.consumer_wait(smem_pipe_read);
+      warpgroup_fence_operand(acc_qk);
+      warpgroup_arrive();
+      fmha_c::gemm_zero_acc(tiled_mma_qk, tSrQ(_, _, _, _0{}), tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
+      warpgroup_commit_batch();
+      ++smem_pipe_read;
+      if constexpr (!kFirst) load_kv(cute::false_type{}, j + kLookahead - 1);  // into K_{j-1}'s released slot
+      warpgroup_wait<0>();  // this QK and the previous PV
+      warpgroup_fence_operand(acc_qk);
+      warpgroup_fence_operand(acc_pv);
+      if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
+
+      if constexpr (kFirst) {
+        softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
+        Tensor p = fmha_c::make_acc_into_op<Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
+        pipeline.consumer_wait(smem_pipe_read);
+        warpgroup_fence_operand(acc_pv);
+        warpgroup_fence_operand(p);
+        warpgroup_arrive();
+        fmha_c::gemm_zero_acc(tiled_mma_pv, p, tOrV(_, _, _, smem_pipe_read.index()), acc_pv);
+        warpgroup_commit_batch();
+      } else {
+        softmax.template step_interleave_begin<false>(acc_qk, tiled_mma_qk, tPcP, softmax_state, acc_pv,
+                                                      tiled_mma_pv, problem_size);
+        pipeline.consumer_release(smem_pipe_release);  // V of the previous tile
+        ++smem_pipe_release;
+        pipeline.consumer_wait(smem_pipe_read);
+        auto layout_p = fmha_c::convert_c_layout_to_a_layout(acc_qk.layout(),
+                                                              shape<1>(typename TiledMmaPV::LayoutA_TV{}));
+        Tensor s_slices = make_tensor(acc_qk.data(), layout_p);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size<2>(tOrV); ++i) {
+          Tensor p_i = make_fragment_like<Element>(layout_p(_, _0{}, _0{}));
+          Tensor p_i_mk = fmha_c::tensor_op_mk_v(tiled_mma_pv, p_i);
+          Tensor s_i_mk = fmha_c::tensor_op_mk_v(tiled_mma_pv, s_slices(_, _0{}, i));
+          softmax.step_interleave_step(s_i_mk, softmax_state);
+          CUTLASS_PRAGMA_UNROLL
+          for (int e = 0; e < size(p_i_mk); ++e) p_i_mk(e) = static_cast<Element>(s_i_mk(e));
+          warpgroup_arrive();
+          CUTLASS_PRAGMA_UNROLL
+          for (int n = 0; n < size<1>(tOrV); ++n) {
+            cute::gemm(tiled_mma_pv, p_i, tOrV(_, n, i, smem_pipe_read.index()), acc_pv(_, _0{}, n));
+          }
+        }
+        warpgroup_commit_batch();
+      }
+      pipeline.consumer_release(smem_pipe_release);  // K of this tile
+      ++smem_pipe_release;
+      ++smem_pipe_read;
+      if constexpr (!kFirst) load_kv(cute::true_type{}, j + kLookahead - 1);  // into V_{j-1}'s released slot
+    };
+
+    int col, kind;
+    cursor.at(0, col, kind);
+    if (kind != kBlockFull) tile(cute::true_type{}, cute::true_type{}, 0, col * BlockN, kind);
+    else                    tile(cute::false_type{}, cute::true_type{}, 0, 0, 0);
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int j = 1; j < n_tiles; ++j) {
+      cursor.at(j / kTilesPerBlockN, col, kind);
+      if (kind != kBlockFull) {
+        tile(cute::true_type{}, cute::false_type{}, j, col * BlockN + (j % kTilesPerBlockN) * TileN, kind);
+      } else {
+        tile(cute::false_type{}, cute::false_type{}, j, 0, 0);
+      }
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_pv);
+
+    auto lse = softmax.tail(softmax_state, acc_pv, tiled_mma_pv);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(lse); ++i) {
       if (lse(i) == INFINITY) lse(i) = -INFINITY;
@@ -461,16 +684,101 @@ struct BsrTileScheduler {
   }
 };
 
+// Kernel shell for BsrMainloopSingle: one CTA per 64-row query tile (heaviest rows first), 128 threads, two CTAs
+// per SM; pipelines the same warpgroup produces and consumes; example 88's TMA epilogue. (Three CTAs per SM would
+// need <= 168 registers a thread; the masked tile path needs more, and ptxas then serializes the WGMMAs.)
+template <class Mainloop, class Epilogue>
+struct BsrKernelSingle {
+  using Element = typename Mainloop::Element;
+  using MainloopPipeline = typename Mainloop::MainloopPipeline;
+  using MainloopPipelineQ = typename Mainloop::MainloopPipelineQ;
+  using EpiLoadPipeline = typename Epilogue::LoadPipeline;
+
+  struct SharedStorage {
+    union {
+      typename Mainloop::SharedStorage mainloop;
+      typename Epilogue::TensorStorage epilogue;
+    };
+    alignas(16) typename MainloopPipeline::SharedStorage pipeline_storage;
+    alignas(16) typename MainloopPipelineQ::SharedStorage pipeline_storage_q;
+    alignas(16) typename Epilogue::PipelineStorage epi_load;
+  };
+  static constexpr int SharedStorageSize = sizeof(SharedStorage);
+  static const int MaxThreadsPerBlock = cutlass::NumThreadsPerWarpGroup;
+  static const int MinBlocksPerMultiprocessor = 2;
+  using ArchTag = cutlass::arch::Sm90;
+
+  struct Params {
+    ProblemShape problem_size;
+    typename Mainloop::Params mainloop;
+    typename Epilogue::Params epilogue;
+    typename BsrTileScheduler::Params tile_scheduler;
+  };
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem) {
+    BsrTileScheduler scheduler{params.tile_scheduler};
+    if (!scheduler.is_valid()) return;
+    auto& storage = *reinterpret_cast<SharedStorage*>(smem);
+    int warp_idx = cutlass::canonical_warp_idx_sync();
+    int lane_predicate = cute::elect_one_sync();
+    bool leader = threadIdx.x % cutlass::NumThreadsPerWarpGroup == 0;
+    if (warp_idx == 0 && lane_predicate) Mainloop::prefetch_tma_descriptors(params.mainloop);
+
+    typename MainloopPipelineQ::Params pq;
+    pq.transaction_bytes = size(typename Mainloop::SmemLayoutQ{}(_, _, _0{})) * sizeof(Element);
+    pq.role = MainloopPipelineQ::ThreadCategory::ProducerConsumer;
+    pq.is_leader = leader;
+    pq.num_consumers = cutlass::NumThreadsPerWarpGroup;
+    typename MainloopPipeline::Params pkv;
+    pkv.transaction_bytes = size(typename Mainloop::SmemLayoutK{}(_, _, _0{})) * sizeof(Element);
+    pkv.role = MainloopPipeline::ThreadCategory::ProducerConsumer;
+    pkv.is_leader = leader;
+    pkv.num_consumers = cutlass::NumThreadsPerWarpGroup;
+    MainloopPipelineQ pipeline_q(storage.pipeline_storage_q, pq, Shape<_1, _1, _1>{});
+    MainloopPipeline pipeline(storage.pipeline_storage, pkv, Shape<_1, _1, _1>{});
+
+    typename EpiLoadPipeline::Params pe;
+    pe.role = EpiLoadPipeline::ThreadCategory::ProducerConsumer;
+    pe.dst_blockid = 0;
+    pe.producer_arv_count = cutlass::NumThreadsPerWarp;
+    pe.consumer_arv_count = cutlass::NumThreadsPerWarpGroup;
+    pe.transaction_bytes = Epilogue::TmaTransactionBytes;
+    EpiLoadPipeline epi_load_pipeline(storage.epi_load, pe);
+
+    typename Mainloop::PipelineState smem_pipe_read;
+    auto smem_pipe_write = cutlass::make_producer_start_state<MainloopPipeline>();
+    typename Mainloop::PipelineStateQ smem_pipe_read_q;
+    auto smem_pipe_write_q = cutlass::make_producer_start_state<MainloopPipelineQ>();
+    __syncthreads();  // barrier init visible to the whole CTA
+
+    auto blk_coord = scheduler.get_block_coord();
+    Mainloop mainloop;
+    auto result = mainloop.compute(blk_coord, params.mainloop, params.problem_size, pipeline, smem_pipe_read,
+                                   smem_pipe_write, pipeline_q, smem_pipe_read_q, smem_pipe_write_q,
+                                   storage.mainloop);
+    Epilogue epilogue;
+    epilogue(typename Mainloop::TileShapePV{}, blk_coord, result, typename Mainloop::TiledMmaPV{},
+             params.problem_size, params.epilogue, epi_load_pipeline, storage.epilogue);
+  }
+};
+
+// TileM 128: two MMA warpgroups and a producer warp (cooperative, or persistent ping-pong); TileM 64: one
+// warpgroup per CTA that loads for itself (BsrMainloopSingle).
 template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
           bool Persistent>
 struct AttnFwdTraits {
-  using Mainloop = BsrMainloop<Element, HeadDim, TileM, TileN, Stages, QStages, BlockM, BlockN, Persistent>;
+  static constexpr bool kSingle = TileM == 64;
+  using Mainloop = std::conditional_t<
+      kSingle, BsrMainloopSingle<Element, HeadDim, TileN, Stages, BlockM, BlockN>,
+      BsrMainloop<Element, HeadDim, TileM, TileN, Stages, QStages, BlockM, BlockN, Persistent>>;
   using Epilogue = fmha_c::FmhaFwdEpilogue<Element, float, typename Mainloop::TileShapePV>;
   using Kernel = std::conditional_t<
-      Persistent,
-      fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler,
-                                           fmha_k::Option<fmha_k::Tag::kLoadsQSeparately, cute::true_type>>,
-      fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler>>;
+      kSingle, BsrKernelSingle<Mainloop, Epilogue>,
+      std::conditional_t<
+          Persistent,
+          fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler,
+                                               fmha_k::Option<fmha_k::Tag::kLoadsQSeparately, cute::true_type>>,
+          fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler>>>;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kTileM = TileM;
   static constexpr int kBlockM = BlockM;

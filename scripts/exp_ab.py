@@ -1,5 +1,5 @@
 """Dev A/B: the acceptance shapes for whatever BSK_NVCC_FLAGS selects; sustained (do_bench) and burst protocols."""
-import os, sys
+import dataclasses, os, sys
 import torch
 from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(__file__))
@@ -8,7 +8,7 @@ from blackwell_sparsek.config import Schedule
 from blackwell_sparsek.ops import default_config
 from blackwell_sparsek.bench.timing import loop_bench
 L = bsk.BlockSparseLayout
-tag = os.environ.get("BSK_NVCC_FLAGS", "") or "default"
+tag = os.environ.get("BSK_AB_TAG") or os.environ.get("BSK_NVCC_FLAGS", "") or "default"
 cases = [
     ("dense", 2, 16, 8192, 128, lambda S, H: L.dense(S)),
     ("topk25", 2, 16, 8192, 128, lambda S, H: L.random_topk(S, k=16, seed=0, num_heads=H)),
@@ -16,18 +16,33 @@ cases = [
     ("dense", 1, 8, 8192, 64, lambda S, H: L.dense(S)),
     ("topk25", 1, 8, 8192, 64, lambda S, H: L.random_topk(S, k=16, seed=0, num_heads=H)),
     ("win2K", 1, 16, 32768, 128, lambda S, H: L.sliding_window(S, window=2048)),
+    # dense over 2K keys: the work of a 16-block row without the gather (example 88 can run this shape too)
+    ("short2K", 2, 16, 8192, 128, lambda S, H: L.dense(S, 2048)),
 ]
+only = os.environ.get("BSK_AB_CASES")
+if only:
+    cases = [c for c in cases if f"{c[0]}-d{c[4]}" in only.split(",")]
 for name, B, H, S, D, mk in cases:
-    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(3))
     lay = mk(S, H).to("cuda")
+    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(B, H, lay.seq_k, D, device="cuda", dtype=torch.float16) for _ in range(2))
     blocks = lay.nnz * (H // lay.num_heads)
     flops = 4 * B * D * blocks * 128 * 128
     if name == "causal":
         flops = 2 * B * H * S * S * D  # example 88's count (dense half)
-    for sched in (Schedule.COOPERATIVE, Schedule.PINGPONG):
+    # BSK_AB_SCHEDS="cooperative,pingpong,single:6" (schedule[:stages]); configs that do not fit are skipped
+    for spec in os.environ.get("BSK_AB_SCHEDS", "cooperative,pingpong").split(","):
+        sname, _, st = spec.partition(":")
+        sched = Schedule(sname)
+        if sched is Schedule.SINGLE and D != 64:
+            continue
         cfg = default_config(D, torch.float16, lay, schedule=sched)
+        if st:
+            cfg = dataclasses.replace(cfg, stages=int(st))
+        if cfg.problems():
+            continue
         fn = lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)  # noqa
         ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
         bt = loop_bench(fn, n=20, reps=3, idle_s=1.0).median_ms
-        print(f"{tag:22s} {name:7s} B{B} H{H} S{S} D{D} {sched.value:11s} sustained {flops/ms/1e9:6.1f}  "
+        print(f"{tag:10s} {name:7s} B{B} H{H} S{S} D{D} {sched.value[:6]}/s{cfg.stages} sustained {flops/ms/1e9:6.1f}  "
               f"burst {flops/bt/1e9:6.1f} TFLOPS", flush=True)

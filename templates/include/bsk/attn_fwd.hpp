@@ -83,6 +83,47 @@ struct BsrRowCursor {
   }
 };
 
+// Online-softmax step for every tile after the first: new row max (thread-local, then across the threads that
+// share a row), O and the running sum rescaled by 2^((old max - new max) * scale), P = 2^(s * scale - max * scale)
+// written over S. Replaces example 88's CollectiveSoftmax::step here (docs/perf_notes.md has the A/B); the first
+// tile and the tail still use the collective.
+template <class AccQK, class TiledMmaQK, class State, class AccPV, class TiledMmaPV>
+CUTLASS_DEVICE void softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, State& state, AccPV& acc_pv,
+                                         TiledMmaPV const& tiled_mma_pv, float scale_log2) {
+  Tensor s = make_tensor(acc_qk.data(), fmha_c::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
+  Tensor o = make_tensor(acc_pv.data(), fmha_c::layout_acc_mn(tiled_mma_pv, acc_pv.layout()));
+  auto red = fmha_c::reduction_target_n(tiled_mma_qk);
+  constexpr int kRanks = decltype(rank(red))::value;
+  auto& row_max = get<0>(state);
+  auto& row_sum = get<1>(state);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size<0>(s); ++i) {
+    float prev = row_max(i);
+    float mx = prev;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < size<1>(s); ++j) mx = fmaxf(mx, s(i, j));
+    for_each(make_seq<kRanks>{}, [&](auto r) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 1; k < shape<r>(red); k *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, stride<r>(red) * k));
+    });
+    row_max(i) = mx;
+    float ref = mx == -INFINITY ? 0.f : mx;  // a row masked so far keeps P = 0, O = 0
+    float corr = ::exp2f((prev - ref) * scale_log2);
+    row_sum(i) *= corr;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < size<1>(o); ++j) o(i, j) *= corr;
+    float sub = ref * scale_log2;
+    float sum = 0.f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < size<1>(s); ++j) {
+      float e = ::exp2f(fmaf(s(i, j), scale_log2, -sub));
+      s(i, j) = e;
+      sum += e;
+    }
+    row_sum(i) += sum;
+  }
+}
+
 // What both mainloops share: Params with the layout, K/V descriptors over the K/V heads (GQA), the row lookup
 // and the element mask.
 template <class Base, int TileM, int BlockM>
@@ -359,8 +400,7 @@ struct BsrMainloop
       if constexpr (kFirst) {
         softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
       } else {
-        softmax.template step<false>(acc_qk, tiled_mma_qk, tPcP, softmax_state, acc_pv, tiled_mma_pv,
-                                     problem_size);
+        softmax_rescale_step(acc_qk, tiled_mma_qk, softmax_state, acc_pv, tiled_mma_pv, params.scale_softmax_log2);
       }
       Tensor p = fmha_c::make_acc_into_op<Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
 

@@ -23,6 +23,11 @@ class Schedule(enum.Enum):
     PINGPONG = "pingpong"         # persistent CTAs, Q loaded by its own warp, warpgroups staggered
     SINGLE = "single"             # one 64-row MMA warpgroup per CTA that issues its own TMA loads; 2 CTAs per SM
 
+    @property
+    def tile_m(self) -> int:
+        """Query rows per tile: 64 per MMA warpgroup, two warpgroups except for SINGLE."""
+        return 64 if self is Schedule.SINGLE else 128
+
 
 class DType(enum.Enum):
     FP16 = "fp16"
@@ -219,15 +224,14 @@ class AttentionConfig(KernelConfig):
             p.append(f"arch {self.arch.value} has no code generator yet; use arch='sm90a' (H100/H200)")
         if self.head_dim not in (64, 128, 256):
             p.append(f"head_dim {self.head_dim} is not supported; use 64, 128 or 256")
-        if self.schedule is Schedule.SINGLE:
-            if self.tile_m != 64:
-                p.append(f"tile_m {self.tile_m} != 64: the single schedule runs one 64-row MMA warpgroup per CTA")
-            if self.stages % 2 or self.stages < 4:
-                p.append(f"stages {self.stages}: the single schedule needs an even count >= 4 (K and V of "
-                         f"stages/2 tiles in flight)")
-        elif self.tile_m != 128:
-            p.append(f"tile_m {self.tile_m} != 128: two MMA warpgroups of 64 rows (one WGMMA M) make one tile; "
-                     f"for 64-row tiles use schedule='single'")
+        want_m = self.schedule.tile_m
+        if self.tile_m != want_m:
+            p.append(f"tile_m {self.tile_m} != {want_m}: " + (
+                "the single schedule runs one 64-row MMA warpgroup per CTA" if self.schedule is Schedule.SINGLE else
+                "two MMA warpgroups of 64 rows (one WGMMA M) make one tile; for 64-row tiles use schedule='single'"))
+        if self.schedule is Schedule.SINGLE and (self.stages % 2 or self.stages < 4):
+            p.append(f"stages {self.stages}: the single schedule needs an even count >= 4 (K and V of "
+                     f"stages/2 tiles in flight)")
         if self.tile_n not in (64, 128):
             p.append(f"tile_n {self.tile_n} is not supported; use 64 or 128 (a WGMMA N that keeps the "
                      f"accumulators in registers)")
@@ -257,7 +261,7 @@ class AttentionConfig(KernelConfig):
         bn = max(tn, (max(self.block_n, 1) + tn - 1) // tn * tn)
         single = self.schedule is Schedule.SINGLE
         st = min(max(self.stages, 4 if single else 2), 16)
-        cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=64 if single else 128, tile_n=tn,
+        cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=self.schedule.tile_m, tile_n=tn,
                                    block_m=bm, block_n=bn, stages=st - st % 2 if single else st)
         while cand.stages > (4 if single else 2) and cand.problems():
             cand = dataclasses.replace(cand, stages=cand.stages - (2 if single else 1))

@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import sys
 
+from _gpu import torch_or_skip
+
 
 def main() -> int:
-    try:
-        import torch
-        has_cuda = torch.cuda.is_available()
-    except Exception as e:  # noqa: BLE001
-        print(f"SKIP: torch is not usable ({e})")
-        return 0
-    if not has_cuda:
-        print("SKIP: no CUDA GPU visible; compare-88 needs an H100/H200 (sm_90)")
+    if torch_or_skip("cuda", "compare-88 needs an H100/H200 (sm_90)") is None:
         return 0
     from blackwell_sparsek.bench.cli import main as bench_main
     return bench_main(["compare-88", *sys.argv[1:]])

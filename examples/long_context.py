@@ -15,6 +15,8 @@ import argparse
 import math
 import sys
 
+from _gpu import torch_or_skip
+
 
 def window_reference(q, k, v, rows: tuple[int, int], window: int, scale: float):
     """Exact attention of query rows [r0, r1) under the causal window rule (keys q-window+1 .. q), float32."""
@@ -44,13 +46,8 @@ def main() -> int:
                     help="default: what sparse_attention picks")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # 'cpu' only tests this script
     a = ap.parse_args()
-    try:
-        import torch
-    except ImportError as e:
-        print(f"SKIP: torch is not installed ({e})")
-        return 0
-    if a.device == "cuda" and not torch.cuda.is_available():
-        print("SKIP: no CUDA GPU visible; this example needs an H100/H200 (sm_90)")
+    torch = torch_or_skip(a.device)
+    if torch is None:
         return 0
 
     import blackwell_sparsek as bsk

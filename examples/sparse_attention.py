@@ -12,19 +12,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from _gpu import torch_or_skip
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # 'cpu' only tests this script
     a = ap.parse_args()
-    try:
-        import torch
-    except ImportError as e:
-        print(f"SKIP: torch is not installed ({e})")
-        return 0
-    if a.device == "cuda" and not torch.cuda.is_available():
-        print("SKIP: no CUDA GPU visible; sparse_attention's kernels need an H100/H200 (sm_90)")
+    torch = torch_or_skip(a.device, "sparse_attention's kernels need an H100/H200 (sm_90)")
+    if torch is None:
         return 0
 
     import blackwell_sparsek as bsk

@@ -21,7 +21,7 @@ from .errors import InvalidConfigError
 class Schedule(enum.Enum):
     COOPERATIVE = "cooperative"   # both MMA warpgroups split one M tile; one CTA per tile
     PINGPONG = "pingpong"         # persistent CTAs, Q loaded by its own warp, warpgroups staggered
-    SINGLE = "single"             # one 64-row MMA warpgroup per CTA that issues its own TMA loads; 2 CTAs per SM
+    SINGLE = "single"             # one 64-row MMA warpgroup per CTA that issues its own TMA loads; 2-3 CTAs per SM
 
     @property
     def tile_m(self) -> int:
@@ -206,13 +206,18 @@ class AttentionConfig(KernelConfig):
         e = self.dtype.itemsize
         q = self.q_stages * 64 * self.head_dim * e
         kv = self.stages * self.tile_n * self.head_dim * e
-        epi = 2 * 64 * 32 * e * 2 if self.schedule is Schedule.PINGPONG else 0
+        # O staging, one 64-row buffer per warpgroup: beside the mainloop when persistent, else over Q's slots
+        epi = self.q_stages * 64 * self.head_dim * e if self.schedule is Schedule.PINGPONG else 0
         return q + kv + epi + 1024
 
     @property
     def ctas_per_sm(self) -> int:
-        """CTAs built to share an SM (the kernel's launch bounds)."""
-        return 2 if self.schedule is Schedule.SINGLE else 1
+        """CTAs built to share an SM (the kernel's launch bounds). Single-warpgroup CTAs: as many as shared memory
+        allows, at most 3 (3 x 128 threads leave 168 registers a thread; 4 would leave 128, too few to keep the
+        QK and PV accumulators)."""
+        if self.schedule is not Schedule.SINGLE:
+            return 1
+        return max(1, min(3, SM90_SMEM_PER_SM // (self.smem_bytes() + 1024)))
 
     def acc_registers(self) -> int:
         # per consumer thread: QK fp32 accumulator 64 x tile_n over 128 threads, P as 16-bit operand, O fp32.
@@ -278,6 +283,7 @@ class AttentionConfig(KernelConfig):
             "block_m": self.block_m,
             "block_n": self.block_n,
             "persistent": self.schedule is Schedule.PINGPONG,
+            "ctas_per_sm": self.ctas_per_sm,
             "schedule": self.schedule.value,
         }
 

@@ -52,7 +52,7 @@ def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedu
                 and cfg.block_n == bn and cfg.schedule is schedule):
             return cfg
     single = schedule is Schedule.SINGLE
-    # one 64-row warpgroup per CTA, two CTAs per SM: 128-key tiles fit the shared memory only at head_dim 64
+    # one 64-row warpgroup per CTA, 2-3 CTAs per SM: 128-key tiles fit the shared memory only at head_dim 64
     tile_n = 128 if bn % 128 == 0 and head_dim <= (64 if single else 128) else 64
     cfg = AttentionConfig(head_dim=head_dim, dtype=dt, schedule=schedule, tile_m=schedule.tile_m,
                           tile_n=tile_n, stages=4 if single else _DEFAULT_STAGES.get(head_dim, 2),

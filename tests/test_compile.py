@@ -220,7 +220,7 @@ STUB_HEADER = r"""
 #include <cutlass/numeric_types.h>
 namespace bsk {
 template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
-          bool Persistent>
+          bool Persistent, int CtasPerSm>
 struct AttnFwdTraits {
   struct Kernel { static constexpr int kSmem = (TileM + Stages * TileN) * HeadDim * int(sizeof(Element)); };
 };

@@ -1,12 +1,14 @@
 // BlackwellSparseK: block-sparse attention forward for Hopper (sm_90a).
 //
-// The kernel shell (warp-specialized producer / two MMA warpgroups, register reallocation, pipelines), the
-// online-softmax collective and the TMA epilogue come from CUTLASS example 88 (shipped in the nvidia-cutlass
-// wheel) by #include. What is ours:
+// The kernel shell (warp-specialized producer / two MMA warpgroups, register reallocation, pipelines) and the
+// online-softmax collective come from CUTLASS example 88 (shipped in the nvidia-cutlass wheel) by #include.
+// What is ours:
 //   * BsrMainloop: the producer walks col_idx[row_ptr[r] .. row_ptr[r+1]) and TMA-loads only those K/V tiles
 //     (GQA/MQA through the K/V head index); the consumers run WGMMA QK^T, mask only blocks whose block_kind says
 //     so (sequence end, element rule: causal / window edge), online softmax, WGMMA PV with P from registers;
-//     rows with no blocks write O = 0 and LSE = -inf.
+//     rows with no blocks write O = 0 and LSE = -inf. BsrMainloopSingle: one warpgroup per CTA, loads its own.
+//   * BsrEpilogue: O through shared memory and one TMA store per warpgroup that nobody waits on until the buffer
+//     is needed again; LSE straight to global.
 //   * BsrTileScheduler: query tiles ordered heaviest row first (row_order from the layout), m fastest so
 //     concurrent CTAs share a head's K/V in L2; one tile per CTA (cooperative) or persistent (ping-pong).
 //   * attn_fwd_launch: the extern "C" launcher body (plain argument struct -> Params, TMA descriptors, launch
@@ -33,6 +35,36 @@ namespace bsk {
 using namespace cute;
 namespace fmha_c = cutlass::fmha::collective;
 namespace fmha_k = cutlass::fmha::kernel;
+
+#ifdef BSK_TRACE
+// Dev timeline (scripts/exp_trace.py; build with BSK_NVCC_FLAGS=-DBSK_TRACE): SM clock at fixed points of each
+// row, per CTA (first 132) and row (first kTraceRows); roles count their own rows.
+constexpr int kTraceCtas = 132, kTraceRows = 24, kTraceSlots = 12;
+__device__ long long bsk_trace_buf[kTraceCtas][kTraceRows][kTraceSlots];
+__device__ int bsk_trace_cnt[kTraceCtas][4];
+CUTLASS_DEVICE void trace(int role, int slot, bool last = false) {
+  int cta = int(blockIdx.x);
+  if (cta >= kTraceCtas) return;
+  int r = bsk_trace_cnt[cta][role];
+  if (r < kTraceRows) bsk_trace_buf[cta][r][slot] = clock64();
+  if (last) bsk_trace_cnt[cta][role] = r + 1;
+}
+extern "C" int bsk_trace_dump(long long* out, int* dims) {
+  dims[0] = kTraceCtas; dims[1] = kTraceRows; dims[2] = kTraceSlots;
+  cudaError_t e = cudaMemcpyFromSymbol(out, bsk_trace_buf, sizeof(bsk_trace_buf));
+  return int(e);
+}
+extern "C" int bsk_trace_reset() {
+  static long long zb[kTraceCtas][kTraceRows][kTraceSlots];
+  static int zc[kTraceCtas][4];
+  cudaError_t e = cudaMemcpyToSymbol(bsk_trace_buf, zb, sizeof(zb));
+  if (e == cudaSuccess) e = cudaMemcpyToSymbol(bsk_trace_cnt, zc, sizeof(zc));
+  return int(e);
+}
+#define BSK_TR(cond, role, slot, last) do { if (cond) trace(role, slot, last); } while (0)
+#else
+#define BSK_TR(cond, role, slot, last) do { } while (0)
+#endif
 
 // Block-kind bits, as BlockSparseLayout writes them.
 enum : uint8_t { kBlockFull = 0, kBlockBounds = 1, kBlockRule = 2 };
@@ -85,8 +117,9 @@ struct BsrRowCursor {
 
 // Online-softmax step for every tile after the first: new row max (thread-local, then across the threads that
 // share a row), O and the running sum rescaled by 2^((old max - new max) * scale), P = 2^(s * scale - max * scale)
-// written over S. Replaces example 88's CollectiveSoftmax::step here (docs/perf_notes.md has the A/B); the first
-// tile and the tail still use the collective.
+// written over S. Replaces example 88's CollectiveSoftmax::step at head_dim 64, where it measured 2 % faster (at
+// 128 the collective's step is 1 % faster; docs/perf_notes.md has the A/B); the first tile and the tail still use
+// the collective.
 template <class AccQK, class TiledMmaQK, class State, class AccPV, class TiledMmaPV>
 CUTLASS_DEVICE void softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, State& state, AccPV& acc_pv,
                                          TiledMmaPV const& tiled_mma_pv, float scale_log2) {
@@ -204,6 +237,9 @@ struct BsrCommon {
     int seq_q = get<2>(ps), seq_k = get<3>(ps);
     int diag = seq_k - seq_q - k0;  // bottom-right aligned, relative to k0
     bool rule = (kind & kBlockRule) != 0;
+    // Columns are compared relative to this thread's first column (c0): kk - c0 folds to a constant per
+    // element, so no per-element column index stays live in registers across the tile loop.
+    int c0 = int(get<1>(c_mn(0, 0)));
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size<0>(acc_mn); ++i) {
       int qd = q0 + int(get<0>(c_mn(i, 0))) + diag;
@@ -211,9 +247,11 @@ struct BsrCommon {
       int hi = seq_k - 1 - k0;
       if (rule && l.window_left >= 0) lo = max(lo, qd - l.window_left);
       if (rule && l.window_right >= 0) hi = min(hi, qd + l.window_right);
+      lo -= c0;
+      hi -= c0;
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < size<1>(acc_mn); ++j) {
-        int kk = int(get<1>(c_mn(i, j)));
+        int kk = int(get<1>(c_mn(i, j))) - c0;
         acc_mn(i, j) = (kk >= lo && kk <= hi) ? acc_mn(i, j) : -INFINITY;
       }
     }
@@ -279,6 +317,7 @@ struct BsrMainloop
                                       PipelineStateQ& smem_pipe_write_q, SharedStorage& storage,
                                       LoadWarpBarrier& load_warp_barrier, bool do_barrier) {
     int lane_predicate = cute::elect_one_sync();
+    BSK_TR(lane_predicate, 2, 6, false);
     Row row = Common::row_of(blk_coord, params);
     int n_tiles = row.count * kTilesPerBlockN;
 
@@ -309,6 +348,7 @@ struct BsrMainloop
       int tile = col * kTilesPerBlockN + j % kTilesPerBlockN;
       auto it = &tile;  // a one-element "iterator": step() reads *it
       load_k.template step<false>(it, k_state, smem_pipe_write, lane_predicate, kv_count);
+      BSK_TR(j == 0 && lane_predicate, 2, 7, true);
       if (j == 0) {
         if constexpr (kLoadQ) {
           while (q_count > 0) load_q.step(q_iter, q_state, smem_pipe_write_q, lane_predicate, q_count);
@@ -337,6 +377,11 @@ struct BsrMainloop
                               SharedStorage& storage, MathWgOrderBarrier& math_wg_order_barrier) {
     int thread_idx = int(threadIdx.x);
     PipelineState smem_pipe_release = smem_pipe_read;
+#ifdef BSK_TRACE
+    int tr_wg = int(get<0>(wg_coord)) & 1;
+    bool tr_on = thread_idx % 128 == 0;
+#endif
+    BSK_TR(tr_on, tr_wg, tr_wg ? 4 : 0, false);
 
     TiledMmaQK tiled_mma_qk;
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(thread_idx);
@@ -360,9 +405,11 @@ struct BsrMainloop
 
     Row row = Common::row_of(blk_coord, params);
     int n_tiles = row.count * kTilesPerBlockN;
+    BSK_TR(tr_on && !tr_wg && n_tiles > 0, 0, 9, false);
     BsrRowCursor cursor{row.cols, row.kinds, row.count};
 
     pipeline_q.consumer_wait(smem_pipe_read_q);
+    BSK_TR(tr_on && !tr_wg, 0, 1, false);
     auto sQ_stage = tSrQ(_, _, _, smem_pipe_read_q.index());
 
     if (n_tiles == 0) {
@@ -376,11 +423,11 @@ struct BsrMainloop
       return make_tuple(acc_pv, lse);
     }
 
-    // One KV tile: S = Q K^T, mask (only when kMasked: a compile-time branch, so full blocks carry no mask code),
-    // online softmax, O += P V. Tile 0 initializes the running max/sum and orders the first QK between the
-    // warpgroups; later tiles overlap this tile's QK with the previous PV and release two ring slots.
-    auto tile = [&](auto masked, auto first, int k0, int kind) {
-      constexpr bool kMasked = decltype(masked)::value;
+    // One KV tile in two parts. issue_qk: S = Q K^T on the tensor cores (tile 0 orders its QK between the
+    // warpgroups). finish: mask (only when kMasked: a compile-time branch, so full blocks carry no mask code),
+    // online softmax (tile 0 initializes the running max/sum), O += P V, release ring slots. The block's kind,
+    // which picks finish's instantiation, is read while the QK runs: at a row start it is a global load.
+    auto issue_qk = [&](auto first) {
       constexpr bool kFirst = decltype(first)::value;
       Tensor acc_qk = partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{}));
       pipeline.consumer_wait(smem_pipe_read);
@@ -391,6 +438,11 @@ struct BsrMainloop
       warpgroup_commit_batch();
       if constexpr (kFirst) math_wg_order_barrier.arrive();
       ++smem_pipe_read;
+      return acc_qk;
+    };
+    auto finish = [&](auto masked, auto first, auto& acc_qk, int k0, int kind) {
+      constexpr bool kMasked = decltype(masked)::value;
+      constexpr bool kFirst = decltype(first)::value;
       auto tok = pipeline.consumer_try_wait(smem_pipe_read);
       warpgroup_wait<0>();  // this QK (and the previous PV)
       warpgroup_fence_operand(acc_qk);
@@ -399,6 +451,9 @@ struct BsrMainloop
       if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
       if constexpr (kFirst) {
         softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
+      } else if constexpr (HeadDim > 64) {
+        softmax.template step<false>(acc_qk, tiled_mma_qk, tPcP, softmax_state, acc_pv, tiled_mma_pv,
+                                     problem_size);
       } else {
         softmax_rescale_step(acc_qk, tiled_mma_qk, softmax_state, acc_pv, tiled_mma_pv, params.scale_softmax_log2);
       }
@@ -423,24 +478,32 @@ struct BsrMainloop
       ++smem_pipe_read;
     };
 
-    int col, kind;
-    cursor.at(0, col, kind);
-    if (kind != kBlockFull) tile(cute::true_type{}, cute::true_type{}, col * BlockN, kind);
-    else                    tile(cute::false_type{}, cute::true_type{}, 0, 0);
+    {
+      auto acc_qk = issue_qk(cute::true_type{});
+      int col, kind;
+      cursor.at(0, col, kind);
+      BSK_TR(tr_on && !tr_wg && kind >= 0, 0, 10, false);
+      if (kind != kBlockFull) finish(cute::true_type{}, cute::true_type{}, acc_qk, col * BlockN, kind);
+      else                    finish(cute::false_type{}, cute::true_type{}, acc_qk, 0, 0);
+    }
+    BSK_TR(tr_on && !tr_wg, 0, 2, false);
 
     CUTLASS_PRAGMA_NO_UNROLL
     for (int j = 1; j < n_tiles; ++j) {
+      auto acc_qk = issue_qk(cute::false_type{});
+      int col, kind;
       cursor.at(j / kTilesPerBlockN, col, kind);
       if (kind != kBlockFull) {
-        tile(cute::true_type{}, cute::false_type{}, col * BlockN + (j % kTilesPerBlockN) * TileN, kind);
+        finish(cute::true_type{}, cute::false_type{}, acc_qk, col * BlockN + (j % kTilesPerBlockN) * TileN, kind);
       } else {
-        tile(cute::false_type{}, cute::false_type{}, 0, 0);
+        finish(cute::false_type{}, cute::false_type{}, acc_qk, 0, 0);
       }
     }
 
     if constexpr (kIsPersistent) pipeline_q.consumer_release(smem_pipe_read_q);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_pv);
+    BSK_TR(tr_on, tr_wg, tr_wg ? 5 : 3, tr_wg);
     if constexpr (kIsPersistent) pipeline.consumer_release(smem_pipe_release);  // V of the last tile
     ++smem_pipe_release;
 
@@ -450,12 +513,14 @@ struct BsrMainloop
     for (int i = 0; i < size(lse); ++i) {
       if (lse(i) == INFINITY) lse(i) = -INFINITY;
     }
+    BSK_TR(tr_on && !tr_wg && lse(0) != 1.f, 0, 8, true);
     return make_tuple(acc_pv, lse);
   }
 };
 
 // One MMA warpgroup per CTA (64 query rows) and no producer warp: warp 0 issues the K/V TMA loads of the listed
-// blocks itself, Stages/2 tiles ahead, and two CTAs share an SM so one's softmax overlaps the other's WGMMAs.
+// blocks itself, Stages/2 tiles ahead, and up to three CTAs share an SM so one's softmax overlaps the others'
+// WGMMAs.
 // Within a tile, P is exponentiated one k-slice of the PV GEMM at a time (example 88's interleaved softmax step).
 // The shape example 88 runs fastest at head_dim 64.
 template <class Element, int HeadDim, int TileN, int Stages, int BlockM, int BlockN>
@@ -577,9 +642,14 @@ struct BsrMainloopSingle
 
     pipeline_q.consumer_wait(smem_pipe_read_q);
 
-    auto tile = [&](auto masked, auto first, int j, int k0, int kind) {
-      constexpr bool kMasked = decltype(masked)::value;
-      constexpr bool kFirst = decltype(first)::value;
+    // Every tile, the first included, runs the same step from a running state that starts empty (O = 0,
+    // max = -inf, sum = 0): one code path per mask kind keeps the kernel within 168 registers, so three CTAs
+    // share an SM without ptxas serializing the WGMMAs (a separate first-tile path measured C7512).
+    clear(acc_pv);
+    fill(get<0>(softmax_state), -INFINITY);
+    fill(get<1>(softmax_state), 0.f);
+
+    auto tile = [&](auto masked, int j, int k0, int kind) {
       Tensor acc_qk = partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{}));
       pipeline.consumer_wait(smem_pipe_read);
       warpgroup_fence_operand(acc_qk);
@@ -587,63 +657,52 @@ struct BsrMainloopSingle
       fmha_c::gemm_zero_acc(tiled_mma_qk, tSrQ(_, _, _, _0{}), tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
       warpgroup_commit_batch();
       ++smem_pipe_read;
-      if constexpr (!kFirst) load_kv(cute::false_type{}, j + kLookahead - 1);  // into K_{j-1}'s released slot
+      if (j > 0) load_kv(cute::false_type{}, j + kLookahead - 1);  // into K_{j-1}'s released slot
       warpgroup_wait<0>();  // this QK and the previous PV
       warpgroup_fence_operand(acc_qk);
       warpgroup_fence_operand(acc_pv);
-      if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
-
-      if constexpr (kFirst) {
-        softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
-        Tensor p = fmha_c::make_acc_into_op<Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
-        pipeline.consumer_wait(smem_pipe_read);
-        warpgroup_fence_operand(acc_pv);
-        warpgroup_fence_operand(p);
-        warpgroup_arrive();
-        fmha_c::gemm_zero_acc(tiled_mma_pv, p, tOrV(_, _, _, smem_pipe_read.index()), acc_pv);
-        warpgroup_commit_batch();
-      } else {
-        softmax.template step_interleave_begin<false>(acc_qk, tiled_mma_qk, tPcP, softmax_state, acc_pv,
-                                                      tiled_mma_pv, problem_size);
+      if constexpr (decltype(masked)::value) {
+        Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
+      }
+      softmax.template step_interleave_begin<false>(acc_qk, tiled_mma_qk, tPcP, softmax_state, acc_pv,
+                                                    tiled_mma_pv, problem_size);
+      if (j > 0) {
         pipeline.consumer_release(smem_pipe_release);  // V of the previous tile
         ++smem_pipe_release;
-        pipeline.consumer_wait(smem_pipe_read);
-        auto layout_p = fmha_c::convert_c_layout_to_a_layout(acc_qk.layout(),
-                                                              shape<1>(typename TiledMmaPV::LayoutA_TV{}));
-        Tensor s_slices = make_tensor(acc_qk.data(), layout_p);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size<2>(tOrV); ++i) {
-          Tensor p_i = make_fragment_like<Element>(layout_p(_, _0{}, _0{}));
-          Tensor p_i_mk = fmha_c::tensor_op_mk_v(tiled_mma_pv, p_i);
-          Tensor s_i_mk = fmha_c::tensor_op_mk_v(tiled_mma_pv, s_slices(_, _0{}, i));
-          softmax.step_interleave_step(s_i_mk, softmax_state);
-          CUTLASS_PRAGMA_UNROLL
-          for (int e = 0; e < size(p_i_mk); ++e) p_i_mk(e) = static_cast<Element>(s_i_mk(e));
-          warpgroup_arrive();
-          CUTLASS_PRAGMA_UNROLL
-          for (int n = 0; n < size<1>(tOrV); ++n) {
-            cute::gemm(tiled_mma_pv, p_i, tOrV(_, n, i, smem_pipe_read.index()), acc_pv(_, _0{}, n));
-          }
-        }
-        warpgroup_commit_batch();
       }
+      pipeline.consumer_wait(smem_pipe_read);
+      auto layout_p = fmha_c::convert_c_layout_to_a_layout(acc_qk.layout(),
+                                                            shape<1>(typename TiledMmaPV::LayoutA_TV{}));
+      Tensor s_slices = make_tensor(acc_qk.data(), layout_p);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size<2>(tOrV); ++i) {
+        Tensor p_i = make_fragment_like<Element>(layout_p(_, _0{}, _0{}));
+        Tensor p_i_mk = fmha_c::tensor_op_mk_v(tiled_mma_pv, p_i);
+        Tensor s_i_mk = fmha_c::tensor_op_mk_v(tiled_mma_pv, s_slices(_, _0{}, i));
+        softmax.step_interleave_step(s_i_mk, softmax_state);
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < size(p_i_mk); ++e) p_i_mk(e) = static_cast<Element>(s_i_mk(e));
+        warpgroup_arrive();
+        CUTLASS_PRAGMA_UNROLL
+        for (int n = 0; n < size<1>(tOrV); ++n) {
+          cute::gemm(tiled_mma_pv, p_i, tOrV(_, n, i, smem_pipe_read.index()), acc_pv(_, _0{}, n));
+        }
+      }
+      warpgroup_commit_batch();
       pipeline.consumer_release(smem_pipe_release);  // K of this tile
       ++smem_pipe_release;
       ++smem_pipe_read;
-      if constexpr (!kFirst) load_kv(cute::true_type{}, j + kLookahead - 1);  // into V_{j-1}'s released slot
+      if (j > 0) load_kv(cute::true_type{}, j + kLookahead - 1);  // into V_{j-1}'s released slot
     };
 
-    int col, kind;
-    cursor.at(0, col, kind);
-    if (kind != kBlockFull) tile(cute::true_type{}, cute::true_type{}, 0, col * BlockN, kind);
-    else                    tile(cute::false_type{}, cute::true_type{}, 0, 0, 0);
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int j = 1; j < n_tiles; ++j) {
+    for (int j = 0; j < n_tiles; ++j) {
+      int col, kind;
       cursor.at(j / kTilesPerBlockN, col, kind);
       if (kind != kBlockFull) {
-        tile(cute::true_type{}, cute::false_type{}, j, col * BlockN + (j % kTilesPerBlockN) * TileN, kind);
+        tile(cute::true_type{}, j, col * BlockN + (j % kTilesPerBlockN) * TileN, kind);
       } else {
-        tile(cute::false_type{}, cute::false_type{}, j, 0, 0);
+        tile(cute::false_type{}, j, 0, 0);
       }
     }
     warpgroup_wait<0>();
@@ -702,7 +761,13 @@ struct BsrTileScheduler {
 
   static dim3 get_grid_shape(Params const& p) { return dim3(p.grid, 1, 1); }
 
-  CUTLASS_DEVICE bool is_valid() { return idx < params.num_tiles; }
+  // Past this CTA's last tile every thread leaves the kernel: the epilogue's last O store (issued, not waited for)
+  // must have read shared memory first. A no-op for threads that issued none.
+  CUTLASS_DEVICE bool is_valid() {
+    bool valid = idx < params.num_tiles;
+    if (!valid) tma_store_wait<0>();
+    return valid;
+  }
 
   CUTLASS_DEVICE auto get_block_coord() {
     int rank, rest, h, b;
@@ -724,15 +789,107 @@ struct BsrTileScheduler {
   }
 };
 
-// Kernel shell for BsrMainloopSingle: one CTA per 64-row query tile (heaviest rows first), 128 threads, two CTAs
-// per SM; pipelines the same warpgroup produces and consumes; example 88's TMA epilogue. (Three CTAs per SM would
-// need <= 168 registers a thread; the masked tile path needs more, and ptxas then serializes the WGMMAs.)
-template <class Mainloop, class Epilogue>
+// Epilogue, per MMA warpgroup: LSE straight to global; O converted into this warpgroup's 64 x HeadDim shared
+// buffer and written by one TMA store that is not waited for here. The buffer is reused one tile later, after
+// the store has read it (checked then, long done by that time); the scheduler's is_valid() waits for the last one
+// before the CTA exits. Example 88's epilogue drains four sub-tile stores per tile with the tensor cores idle.
+template <class Element, int HeadDim>
+struct BsrEpilogue {
+  using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<_64, Int<HeadDim>>{}));
+  using TmaStoreO = decltype(make_tma_copy(
+      SM90_TMA_STORE{},
+      make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), make_shape(0, 0, make_shape(0, 0)), StrideQKV{}),
+      SmemLayoutO{}));
+
+  struct TensorStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 128> smem_o;
+  };
+  // The kernel shell constructs an epilogue load pipeline; this epilogue loads nothing.
+  using LoadPipeline = cutlass::PipelineTransactionAsync<1>;
+  using PipelineStorage = typename LoadPipeline::SharedStorage;
+  static constexpr int TmaTransactionBytes = 0;
+
+  struct Arguments {
+    Element* ptr_O;
+    StrideQKV dO;
+    float* ptr_LSE;
+    cute::tuple<_1, cute::tuple<int, int>> dLSE;
+  };
+  struct Params {
+    TmaStoreO tma_store_o;
+    float* ptr_LSE;
+    cute::tuple<_1, cute::tuple<int, int>> dLSE;
+  };
+
+  static Params to_underlying_arguments(ProblemShape const& ps, Arguments const& args, void* = nullptr) {
+    auto shape_o = make_shape(get<2>(ps), get<4>(ps), make_shape(get<0>(ps), get<1>(ps)));
+    auto tma = make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(args.ptr_O), shape_o, args.dO),
+                             SmemLayoutO{});
+    return Params{tma, args.ptr_LSE, args.dLSE};
+  }
+
+  static CUTLASS_DEVICE void prefetch_tma_descriptors(Params const& params) {
+    cute::prefetch_tma_descriptor(params.tma_store_o.get_tma_descriptor());
+  }
+
+  // blk_coord: (64-row tile, _0, (b, h)).
+  template <class TileShape, class BlkCoord, class ResultTuple, class TiledMma, class Pipeline>
+  CUTLASS_DEVICE void operator()(TileShape const&, BlkCoord const& blk_coord, ResultTuple const& result,
+                                 TiledMma const& tiled_mma, ProblemShape const& ps, Params const& params, Pipeline&,
+                                 TensorStorage& storage) {
+    auto const& acc = get<0>(result);
+    auto const& lse = get<1>(result);
+    int thread_idx = int(threadIdx.x);
+    int wg_thread = thread_idx % cutlass::NumThreadsPerWarpGroup;
+    int m = int(get<0>(blk_coord));
+    int b = get<2, 0>(blk_coord), h = get<2, 1>(blk_coord);
+    auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+
+    // LSE: the threads that hold column 0 write their rows.
+    Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<_64, Int<HeadDim>>{}));
+    Tensor tOcO_mn = make_tensor(tOcO.data(), fmha_c::layout_acc_mn(tiled_mma, tOcO.layout()));
+    if (get<1>(tOcO_mn(0, 0)) == 0) {
+      float* lse_bh = params.ptr_LSE + size_t(b) * get<1, 0>(params.dLSE) + size_t(h) * get<1, 1>(params.dLSE);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size<0>(tOcO_mn); ++i) {
+        int row = m * 64 + int(get<0>(tOcO_mn(i, 0)));
+        if (row < get<2>(ps)) lse_bh[row] = lse(i);
+      }
+    }
+
+    // O: wait until the previous tile's store has read the buffer, fill it, hand it to the TMA unit.
+    int barrier_id = int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) +
+                     thread_idx / cutlass::NumThreadsPerWarpGroup;
+    bool leader = wg_thread == 0;
+    if (leader) tma_store_wait<0>();
+    cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, barrier_id);
+    Tensor sO = make_tensor(make_smem_ptr(storage.smem_o.data()), SmemLayoutO{});
+    Tensor tOsO = thr_mma.partition_C(sO);
+    Tensor tOrO = make_fragment_like<Element>(acc);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); ++i) tOrO(i) = static_cast<Element>(acc(i));
+    copy(tOrO, tOsO);
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, barrier_id);
+    if (leader) {
+      Tensor mO = params.tma_store_o.get_tma_tensor(
+          make_shape(get<2>(ps), get<4>(ps), make_shape(get<0>(ps), get<1>(ps))));
+      Tensor gO = local_tile(mO(_, _, make_coord(b, h)), Shape<_64, Int<HeadDim>>{}, make_coord(m, _0{}));
+      auto cta_tma = params.tma_store_o.get_slice(_0{});
+      copy(params.tma_store_o, cta_tma.partition_S(sO), cta_tma.partition_D(gO));
+      tma_store_arrive();
+    }
+  }
+};
+
+// Kernel shell for BsrMainloopSingle: one CTA per 64-row query tile (heaviest rows first), 128 threads, CtasPerSm
+// CTAs per SM (as many as shared memory allows, up to 3 = 168 registers a thread); pipelines the same warpgroup
+// produces and consumes; BsrEpilogue in the mainloop's shared memory once the mainloop is done.
+template <class Mainloop, class Epilogue, int CtasPerSm>
 struct BsrKernelSingle {
   using Element = typename Mainloop::Element;
   using MainloopPipeline = typename Mainloop::MainloopPipeline;
   using MainloopPipelineQ = typename Mainloop::MainloopPipelineQ;
-  using EpiLoadPipeline = typename Epilogue::LoadPipeline;
 
   struct SharedStorage {
     union {
@@ -741,11 +898,10 @@ struct BsrKernelSingle {
     };
     alignas(16) typename MainloopPipeline::SharedStorage pipeline_storage;
     alignas(16) typename MainloopPipelineQ::SharedStorage pipeline_storage_q;
-    alignas(16) typename Epilogue::PipelineStorage epi_load;
   };
   static constexpr int SharedStorageSize = sizeof(SharedStorage);
   static const int MaxThreadsPerBlock = cutlass::NumThreadsPerWarpGroup;
-  static const int MinBlocksPerMultiprocessor = 2;
+  static const int MinBlocksPerMultiprocessor = CtasPerSm;
   using ArchTag = cutlass::arch::Sm90;
 
   struct Params {
@@ -762,7 +918,10 @@ struct BsrKernelSingle {
     int warp_idx = cutlass::canonical_warp_idx_sync();
     int lane_predicate = cute::elect_one_sync();
     bool leader = threadIdx.x % cutlass::NumThreadsPerWarpGroup == 0;
-    if (warp_idx == 0 && lane_predicate) Mainloop::prefetch_tma_descriptors(params.mainloop);
+    if (warp_idx == 0 && lane_predicate) {
+      Mainloop::prefetch_tma_descriptors(params.mainloop);
+      Epilogue::prefetch_tma_descriptors(params.epilogue);
+    }
 
     typename MainloopPipelineQ::Params pq;
     pq.transaction_bytes = size(typename Mainloop::SmemLayoutQ{}(_, _, _0{})) * sizeof(Element);
@@ -777,14 +936,6 @@ struct BsrKernelSingle {
     MainloopPipelineQ pipeline_q(storage.pipeline_storage_q, pq, Shape<_1, _1, _1>{});
     MainloopPipeline pipeline(storage.pipeline_storage, pkv, Shape<_1, _1, _1>{});
 
-    typename EpiLoadPipeline::Params pe;
-    pe.role = EpiLoadPipeline::ThreadCategory::ProducerConsumer;
-    pe.dst_blockid = 0;
-    pe.producer_arv_count = cutlass::NumThreadsPerWarp;
-    pe.consumer_arv_count = cutlass::NumThreadsPerWarpGroup;
-    pe.transaction_bytes = Epilogue::TmaTransactionBytes;
-    EpiLoadPipeline epi_load_pipeline(storage.epi_load, pe);
-
     typename Mainloop::PipelineState smem_pipe_read;
     auto smem_pipe_write = cutlass::make_producer_start_state<MainloopPipeline>();
     typename Mainloop::PipelineStateQ smem_pipe_read_q;
@@ -797,23 +948,25 @@ struct BsrKernelSingle {
                                    smem_pipe_write, pipeline_q, smem_pipe_read_q, smem_pipe_write_q,
                                    storage.mainloop);
     Epilogue epilogue;
+    int no_pipeline = 0;
     epilogue(typename Mainloop::TileShapePV{}, blk_coord, result, typename Mainloop::TiledMmaPV{},
-             params.problem_size, params.epilogue, epi_load_pipeline, storage.epilogue);
+             params.problem_size, params.epilogue, no_pipeline, storage.epilogue);
+    tma_store_wait<0>();  // O read out of shared memory before the CTA exits
   }
 };
 
 // TileM 128: two MMA warpgroups and a producer warp (cooperative, or persistent ping-pong); TileM 64: one
 // warpgroup per CTA that loads for itself (BsrMainloopSingle).
 template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
-          bool Persistent>
+          bool Persistent, int CtasPerSm>
 struct AttnFwdTraits {
   static constexpr bool kSingle = TileM == 64;
   using Mainloop = std::conditional_t<
       kSingle, BsrMainloopSingle<Element, HeadDim, TileN, Stages, BlockM, BlockN>,
       BsrMainloop<Element, HeadDim, TileM, TileN, Stages, QStages, BlockM, BlockN, Persistent>>;
-  using Epilogue = fmha_c::FmhaFwdEpilogue<Element, float, typename Mainloop::TileShapePV>;
+  using Epilogue = BsrEpilogue<Element, HeadDim>;
   using Kernel = std::conditional_t<
-      kSingle, BsrKernelSingle<Mainloop, Epilogue>,
+      kSingle, BsrKernelSingle<Mainloop, Epilogue, CtasPerSm>,
       std::conditional_t<
           Persistent,
           fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler,

@@ -1,0 +1,57 @@
+"""Dev: per-row timeline of the two-warpgroup kernel (build with BSK_NVCC_FLAGS=-DBSK_TRACE; SM clock cycles).
+
+    BSK_NVCC_FLAGS=-DBSK_TRACE python scripts/exp_trace.py topk25-d64 dense-d64 short2K-d64 topk25-d128
+Medians over CTAs and rows (first and last row of each CTA left out) of: the row period, the wait for Q, the first
+tile, the loop's cycles per tile, what follows the loop (tail, epilogue, next tile's lookup), and the producer.
+"""
+import ctypes, statistics as st, sys
+import torch
+import blackwell_sparsek as bsk
+from blackwell_sparsek import cache
+from blackwell_sparsek.config import Schedule
+from blackwell_sparsek.ops import default_config
+L = bsk.BlockSparseLayout
+CASES = {
+    "dense-d64": (1, 8, 8192, 64, lambda S, H: L.dense(S)),
+    "topk25-d64": (1, 8, 8192, 64, lambda S, H: L.random_topk(S, k=16, seed=0, num_heads=H)),
+    "short2K-d64": (1, 8, 8192, 64, lambda S, H: L.dense(S, 2048)),
+    "dense-d128": (2, 16, 8192, 128, lambda S, H: L.dense(S)),
+    "topk25-d128": (2, 16, 8192, 128, lambda S, H: L.random_topk(S, k=16, seed=0, num_heads=H)),
+    "short2K-d128": (2, 16, 8192, 128, lambda S, H: L.dense(S, 2048)),
+}
+for spec in sys.argv[1:]:
+    name, _, sched = spec.partition(":")
+    B, H, S, D, mk = CASES[name]
+    lay = mk(S, H).to("cuda")
+    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(B, H, lay.seq_k, D, device="cuda", dtype=torch.float16) for _ in range(2))
+    cfg = default_config(D, torch.float16, lay, schedule=Schedule(sched) if sched else None)
+    lib = ctypes.CDLL(str(cache.ensure_built(cfg).so_path), mode=ctypes.RTLD_LOCAL)
+    for _ in range(20):
+        bsk.sparse_attention(q, k, v, lay, config=cfg)
+    torch.cuda.synchronize()
+    assert lib.bsk_trace_reset() == 0
+    bsk.sparse_attention(q, k, v, lay, config=cfg)
+    torch.cuda.synchronize()
+    dims = (ctypes.c_int * 3)()
+    buf = (ctypes.c_longlong * (132 * 64 * 16))()
+    assert lib.bsk_trace_dump(buf, dims) == 0
+    C, R, K = dims
+    t = torch.tensor(list(buf[:C * R * K]), dtype=torch.int64).view(C, R, K)
+    rows = [(c, r) for c in range(C) for r in range(1, R - 2) if t[c, r + 1, 0] > 0 and t[c, r, 3] > 0]
+    med = lambda f: st.median(f(c, r) for c, r in rows) if rows else float("nan")  # noqa
+    ntile = lay.nnz // (lay.num_heads * lay.n_qblocks)  # tiles per row (128x128 blocks)
+    period = med(lambda c, r: int(t[c, r + 1, 0] - t[c, r, 0]))
+    loop = med(lambda c, r: int(t[c, r, 3] - t[c, r, 2]))
+    print(f"{spec:14s} {cfg.kernel_name[:48]} rows={len(rows)} tiles/row={ntile}\n"
+          f"  period {period:8.0f}  qwait {med(lambda c, r: int(t[c, r, 1] - t[c, r, 0])):7.0f}  "
+          f"first {med(lambda c, r: int(t[c, r, 2] - t[c, r, 1])):7.0f}  loop {loop:8.0f} "
+          f"({loop / max(ntile - 1, 1):6.0f}/tile)  after {med(lambda c, r: int(t[c, r + 1, 0] - t[c, r, 3])):7.0f}\n"
+          f"  wg1: entry-wg0 {med(lambda c, r: int(t[c, r, 4] - t[c, r, 0])):6.0f}  done-wg0 "
+          f"{med(lambda c, r: int(t[c, r, 5] - t[c, r, 3])):6.0f}   producer: row start-wg0 entry "
+          f"{med(lambda c, r: int(t[c, r, 6] - t[c, r, 0])):8.0f}  first K issued-row start "
+          f"{med(lambda c, r: int(t[c, r, 7] - t[c, r, 6])):6.0f}\n"
+          f"  wg0: entry->row_ptr {med(lambda c, r: int(t[c, r, 9] - t[c, r, 0])):6.0f}  ->col chunk "
+          f"{med(lambda c, r: int(t[c, r, 10] - t[c, r, 9])):6.0f}  loop end->tail done "
+          f"{med(lambda c, r: int(t[c, r, 8] - t[c, r, 3])):6.0f}  tail done->next entry (epilogue, scheduler) "
+          f"{med(lambda c, r: int(t[c, r + 1, 0] - t[c, r, 8])):6.0f}", flush=True)

@@ -205,6 +205,30 @@ struct BsrCommon {
     return p;
   }
 
+  // K/V live in heads_kv heads: address them as (b, h / group) of a (B, Hkv) problem.
+  template <class BlkCoord>
+  CUTLASS_DEVICE static auto kv_coord(BlkCoord const& blk_coord, Params const& params) {
+    return make_coord(get<0>(blk_coord), get<1>(blk_coord),
+                      make_coord(get<2, 0>(blk_coord), get<2, 1>(blk_coord) / params.bsr.group));
+  }
+  CUTLASS_DEVICE static auto kv_problem(ProblemShape const& ps, Params const& params) {
+    return make_shape(get<0>(ps), params.bsr.heads_kv, get<2>(ps), get<3>(ps), get<4>(ps));
+  }
+
+  // This thread's WGMMA operands over the shared-memory Q, K and V (all stages), and the (row, col) of each of
+  // its S elements inside a 64 x TileN tile: (tSrQ, tSrK, tOrV, tPcP).
+  template <class Storage>
+  CUTLASS_DEVICE static auto operands(Storage& storage, int thread_idx) {
+    auto thr_qk = typename Base::TiledMmaQK{}.get_thread_slice(thread_idx);
+    auto thr_pv = typename Base::TiledMmaPV{}.get_thread_slice(thread_idx);
+    Tensor sQ = make_tensor(make_smem_ptr(storage.smem_q.data()), typename Base::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(storage.smem_k.data()), typename Base::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(storage.smem_v.data()), typename Base::SmemLayoutV{});
+    return make_tuple(thr_qk.make_fragment_A(thr_qk.partition_A(sQ)), thr_qk.make_fragment_B(thr_qk.partition_B(sK)),
+                      thr_pv.make_fragment_B(thr_pv.partition_B(sV)),
+                      thr_qk.partition_C(make_identity_tensor(take<0, 2>(typename Base::TileShapeQK{}))));
+  }
+
   // This (batch, head, query-tile)'s row of the layout.
   struct Row {
     const int* cols;
@@ -282,9 +306,6 @@ struct BsrMainloop
   using typename Base::TileShapePV;
   using typename Base::TiledMmaQK;
   using typename Base::TiledMmaPV;
-  using typename Base::SmemLayoutQ;
-  using typename Base::SmemLayoutK;
-  using typename Base::SmemLayoutV;
   using typename Base::MainloopPipeline;
   using typename Base::MainloopPipelineQ;
   using typename Base::PipelineState;
@@ -321,11 +342,8 @@ struct BsrMainloop
     Row row = Common::row_of(blk_coord, params);
     int n_tiles = row.count * kTilesPerBlockN;
 
-    // K/V live in heads_kv heads: address them as (b, h / group) of a (B, Hkv) problem.
-    auto kv_coord = make_coord(get<0>(blk_coord), get<1>(blk_coord),
-                               make_coord(get<2, 0>(blk_coord), get<2, 1>(blk_coord) / params.bsr.group));
-    auto kv_problem = make_shape(get<0>(problem_size), params.bsr.heads_kv, get<2>(problem_size),
-                                 get<3>(problem_size), get<4>(problem_size));
+    auto kv_coord = Common::kv_coord(blk_coord, params);
+    auto kv_problem = Common::kv_problem(problem_size, params);
 
     LoadQ load_q{params.tma_load_q, pipeline_q, storage.smem_q};
     auto q_state = load_q.init_state(_0{}, problem_size, TileShapeQK{}, blk_coord, NumMmaWarpGroups);
@@ -384,19 +402,12 @@ struct BsrMainloop
     BSK_TR(tr_on, tr_wg, tr_wg ? 4 : 0, false);
 
     TiledMmaQK tiled_mma_qk;
-    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(thread_idx);
-    Tensor sQ = make_tensor(make_smem_ptr(storage.smem_q.data()), SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(storage.smem_k.data()), SmemLayoutK{});
-    Tensor tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ));
-    Tensor tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK));
-
     TiledMmaPV tiled_mma_pv;
-    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(thread_idx);
-    Tensor sV = make_tensor(make_smem_ptr(storage.smem_v.data()), SmemLayoutV{});
-    Tensor tOrV = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sV));
-
-    // (row, col) of each accumulator element inside a 64 x TileN tile.
-    Tensor tPcP = thr_mma_qk.partition_C(make_identity_tensor(take<0, 2>(TileShapeQK{})));
+    auto ops = Common::operands(storage, thread_idx);
+    Tensor tSrQ = get<0>(ops);
+    Tensor tSrK = get<1>(ops);
+    Tensor tOrV = get<2>(ops);
+    Tensor tPcP = get<3>(ops);
     int q0 = int(get<0>(wg_coord)) * get<0>(TileShapeQK{});
 
     Tensor acc_pv = partition_fragment_C(tiled_mma_pv, take<0, 2>(TileShapePV{}));
@@ -508,11 +519,6 @@ struct BsrMainloop
     ++smem_pipe_release;
 
     auto lse = softmax.tail(softmax_state, acc_pv, tiled_mma_pv);
-    // Rows whose every key was masked: the softmax collective reports +inf; our contract is -inf (and O = 0).
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(lse); ++i) {
-      if (lse(i) == INFINITY) lse(i) = -INFINITY;
-    }
     BSK_TR(tr_on && !tr_wg && lse(0) != 1.f, 0, 8, true);
     return make_tuple(acc_pv, lse);
   }
@@ -533,9 +539,6 @@ struct BsrMainloopSingle
   using typename Base::TileShapePV;
   using typename Base::TiledMmaQK;
   using typename Base::TiledMmaPV;
-  using typename Base::SmemLayoutQ;
-  using typename Base::SmemLayoutK;
-  using typename Base::SmemLayoutV;
   using typename Base::MainloopPipeline;
   using typename Base::MainloopPipelineQ;
   using typename Base::PipelineState;
@@ -572,10 +575,8 @@ struct BsrMainloopSingle
     Row row = Common::row_of(blk_coord, params);
     int n_tiles = row.count * kTilesPerBlockN;
 
-    auto kv_coord = make_coord(get<0>(blk_coord), get<1>(blk_coord),
-                               make_coord(get<2, 0>(blk_coord), get<2, 1>(blk_coord) / params.bsr.group));
-    auto kv_problem = make_shape(get<0>(problem_size), params.bsr.heads_kv, get<2>(problem_size),
-                                 get<3>(problem_size), get<4>(problem_size));
+    auto kv_coord = Common::kv_coord(blk_coord, params);
+    auto kv_problem = Common::kv_problem(problem_size, params);
     LoadQ load_q{params.tma_load_q, pipeline_q, storage.smem_q};
     auto q_state = load_q.init_state(_0{}, problem_size, TileShapeQK{}, blk_coord, 1);
     LoadK load_k{params.tma_load_k, pipeline, storage.smem_k};
@@ -626,16 +627,12 @@ struct BsrMainloopSingle
     }
 
     TiledMmaQK tiled_mma_qk;
-    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(thread_idx);
-    Tensor sQ = make_tensor(make_smem_ptr(storage.smem_q.data()), SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(storage.smem_k.data()), SmemLayoutK{});
-    Tensor tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ));
-    Tensor tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK));
     TiledMmaPV tiled_mma_pv;
-    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(thread_idx);
-    Tensor sV = make_tensor(make_smem_ptr(storage.smem_v.data()), SmemLayoutV{});
-    Tensor tOrV = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sV));
-    Tensor tPcP = thr_mma_qk.partition_C(make_identity_tensor(take<0, 2>(TileShapeQK{})));
+    auto ops = Common::operands(storage, thread_idx);
+    Tensor tSrQ = get<0>(ops);
+    Tensor tSrK = get<1>(ops);
+    Tensor tOrV = get<2>(ops);
+    Tensor tPcP = get<3>(ops);
     int q0 = int(get<0>(blk_coord)) * 64;
 
     BsrRowCursor cursor{row.cols, row.kinds, row.count};
@@ -708,12 +705,7 @@ struct BsrMainloopSingle
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_pv);
 
-    auto lse = softmax.tail(softmax_state, acc_pv, tiled_mma_pv);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(lse); ++i) {
-      if (lse(i) == INFINITY) lse(i) = -INFINITY;
-    }
-    return make_tuple(acc_pv, lse);
+    return make_tuple(acc_pv, softmax.tail(softmax_state, acc_pv, tiled_mma_pv));
   }
 };
 
@@ -845,7 +837,8 @@ struct BsrEpilogue {
     int b = get<2, 0>(blk_coord), h = get<2, 1>(blk_coord);
     auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
 
-    // LSE: the threads that hold column 0 write their rows.
+    // LSE: the threads that hold column 0 write their rows. A row whose every key was masked comes out of the
+    // softmax collective as +inf; our contract is -inf (and O = 0).
     Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<_64, Int<HeadDim>>{}));
     Tensor tOcO_mn = make_tensor(tOcO.data(), fmha_c::layout_acc_mn(tiled_mma, tOcO.layout()));
     if (get<1>(tOcO_mn(0, 0)) == 0) {
@@ -853,7 +846,7 @@ struct BsrEpilogue {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size<0>(tOcO_mn); ++i) {
         int row = m * 64 + int(get<0>(tOcO_mn(i, 0)));
-        if (row < get<2>(ps)) lse_bh[row] = lse(i);
+        if (row < get<2>(ps)) lse_bh[row] = lse(i) == INFINITY ? -INFINITY : lse(i);
       }
     }
 

@@ -194,8 +194,6 @@ class AttentionConfig(KernelConfig):
                 f"_t{self.tile_m}x{self.tile_n}_{sched}_s{self.stages}_b{self.block_m}x{self.block_n}"
                 f"_{self.config_hash[:12]}")
 
-    # Shared memory the kernel needs, bytes: Q for both warpgroups, the K/V ring, the epilogue staging
-    # (kept beside the mainloop when persistent) and barriers. Mirrors SharedStorage in bsk/attn_fwd.hpp.
     @property
     def q_stages(self) -> int:
         """Q slots: one per MMA warpgroup. (Doubling them when persistent, so the next tile's Q loads during this
@@ -203,6 +201,8 @@ class AttentionConfig(KernelConfig):
         return self.tile_m // 64
 
     def smem_bytes(self) -> int:
+        """Shared memory the kernel needs, bytes: Q for both warpgroups, the K/V ring, the O staging (beside the
+        mainloop when persistent) and barriers. Mirrors SharedStorage in bsk/attn_fwd.hpp."""
         e = self.dtype.itemsize
         q = self.q_stages * 64 * self.head_dim * e
         kv = self.stages * self.tile_n * self.head_dim * e
@@ -217,7 +217,7 @@ class AttentionConfig(KernelConfig):
         QK and PV accumulators)."""
         if self.schedule is not Schedule.SINGLE:
             return 1
-        return max(1, min(3, SM90_SMEM_PER_SM // (self.smem_bytes() + 1024)))
+        return min(3, SM90_SMEM_PER_SM // (self.smem_bytes() + 1024))
 
     def acc_registers(self) -> int:
         # per consumer thread: QK fp32 accumulator 64 x tile_n over 128 threads, P as 16-bit operand, O fp32.
@@ -253,8 +253,9 @@ class AttentionConfig(KernelConfig):
                 p.append(f"tile_n {self.tile_n} with head_dim {self.head_dim} needs {self.acc_registers()} "
                          f"accumulator registers per thread (budget {_CONSUMER_ACC_REG_BUDGET}); use tile_n=64")
             single = self.schedule is Schedule.SINGLE
-            limit = SM90_SMEM_PER_SM // 2 - 1024 if single else SM90_SMEM_OPTIN
-            if self.smem_bytes() > limit:
+            too_big = self.ctas_per_sm < 2 if single else self.smem_bytes() > SM90_SMEM_OPTIN
+            if too_big:
+                limit = SM90_SMEM_PER_SM // 2 - 1024 if single else SM90_SMEM_OPTIN
                 p.append(f"needs {self.smem_bytes()} bytes of shared memory, over the {limit} a Hopper CTA can "
                          f"have{' with 2 per SM' if single else ''}; use fewer stages or a smaller tile_n")
         return p

@@ -254,8 +254,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
         if layout.device != q.device:
             raise LayoutError(f"under torch.compile the layout must already be on {q.device}: call "
                               f"layout.to({str(q.device)!r}) once before the compiled function")
-        cfg_json = _config_json_const(config, D, q.dtype, layout.block_m, layout.block_n, layout.nnz,
-                                      layout.num_heads, layout.n_qblocks, layout.balanced_rows())
+        cfg_json = _config_json_const(config, D, q.dtype, layout.block_m, layout.block_n, layout.balanced_rows())
         lay = layout
     else:
         if not q.is_cuda:
@@ -274,12 +273,12 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
 
 
 @torch.compiler.assume_constant_result
-def _config_json_const(config, head_dim, dtype, block_m, block_n, nnz, layout_heads, n_qblocks, balanced_rows) -> str:
+def _config_json_const(config, head_dim, dtype, block_m, block_n, balanced_rows) -> str:
     """The kernel config as JSON, computed once at trace time from plain values (a torch.compile constant)."""
-    class _Geom:  # just what default_config reads of a layout
+    class _Geom:  # just what default_config and _resolve_config read of a layout
         pass
     g = _Geom()
-    g.block_m, g.block_n, g.nnz, g.num_heads, g.n_qblocks = block_m, block_n, nnz, layout_heads, n_qblocks
+    g.block_m, g.block_n = block_m, block_n
     g.balanced_rows = lambda: balanced_rows
     return _json(_resolve_config(config, head_dim, dtype, g))
 

@@ -7,21 +7,10 @@ import blackwell_sparsek as bsk
 from blackwell_sparsek.config import Schedule
 from blackwell_sparsek.ops import default_config
 from blackwell_sparsek.bench.timing import loop_bench
-L = bsk.BlockSparseLayout
+from _cases import CASES
 tag = os.environ.get("BSK_AB_TAG") or os.environ.get("BSK_NVCC_FLAGS", "") or "default"
-cases = [
-    ("dense", 2, 16, 8192, 128, lambda S, H: L.dense(S)),
-    ("topk25", 2, 16, 8192, 128, lambda S, H: L.random_topk(S, k=16, seed=0, num_heads=H)),
-    ("causal", 2, 16, 8192, 128, lambda S, H: L.causal(S)),
-    ("dense", 1, 8, 8192, 64, lambda S, H: L.dense(S)),
-    ("topk25", 1, 8, 8192, 64, lambda S, H: L.random_topk(S, k=16, seed=0, num_heads=H)),
-    ("win2K", 1, 16, 32768, 128, lambda S, H: L.sliding_window(S, window=2048)),
-    # dense over 2K keys: the work of a 16-block row without the gather (example 88 can run this shape too)
-    ("short2K", 2, 16, 8192, 128, lambda S, H: L.dense(S, 2048)),
-]
 only = os.environ.get("BSK_AB_CASES")
-if only:
-    cases = [c for c in cases if f"{c[0]}-d{c[4]}" in only.split(",")]
+cases = [(key.split("-")[0], *v) for key, v in CASES.items() if not only or key in only.split(",")]
 for name, B, H, S, D, mk in cases:
     lay = mk(S, H).to("cuda")
     q = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16)

@@ -10,15 +10,7 @@ import blackwell_sparsek as bsk
 from blackwell_sparsek import cache
 from blackwell_sparsek.config import Schedule
 from blackwell_sparsek.ops import default_config
-L = bsk.BlockSparseLayout
-CASES = {
-    "dense-d64": (1, 8, 8192, 64, lambda S, H: L.dense(S)),
-    "topk25-d64": (1, 8, 8192, 64, lambda S, H: L.random_topk(S, k=16, seed=0, num_heads=H)),
-    "short2K-d64": (1, 8, 8192, 64, lambda S, H: L.dense(S, 2048)),
-    "dense-d128": (2, 16, 8192, 128, lambda S, H: L.dense(S)),
-    "topk25-d128": (2, 16, 8192, 128, lambda S, H: L.random_topk(S, k=16, seed=0, num_heads=H)),
-    "short2K-d128": (2, 16, 8192, 128, lambda S, H: L.dense(S, 2048)),
-}
+from _cases import CASES
 for spec in sys.argv[1:]:
     name, _, sched = spec.partition(":")
     B, H, S, D, mk = CASES[name]

@@ -30,7 +30,8 @@ for spec in sys.argv[1:]:
     assert lib.bsk_trace_dump(buf, dims) == 0
     C, R, K = dims
     t = torch.tensor(list(buf[:C * R * K]), dtype=torch.int64).view(C, R, K)
-    rows = [(c, r) for c in range(C) for r in range(1, R - 2) if t[c, r + 1, 0] > 0 and t[c, r, 3] > 0]
+    rows = [(c, r) for c in range(C) for r in range(1, R - 2) if t[c, r + 1, 0] > 0 and t[c, r, 3] > 0
+            and t[c, r + 1, 15] > 0]
     med = lambda f: st.median(f(c, r) for c, r in rows) if rows else float("nan")  # noqa
     ntile = lay.nnz // (lay.num_heads * lay.n_qblocks)  # tiles per row (128x128 blocks)
     period = med(lambda c, r: int(t[c, r + 1, 0] - t[c, r, 0]))
@@ -46,4 +47,13 @@ for spec in sys.argv[1:]:
           f"  wg0: entry->row_ptr {med(lambda c, r: int(t[c, r, 9] - t[c, r, 0])):6.0f}  ->col chunk "
           f"{med(lambda c, r: int(t[c, r, 10] - t[c, r, 9])):6.0f}  loop end->tail done "
           f"{med(lambda c, r: int(t[c, r, 8] - t[c, r, 3])):6.0f}  tail done->next entry (epilogue, scheduler) "
-          f"{med(lambda c, r: int(t[c, r + 1, 0] - t[c, r, 8])):6.0f}", flush=True)
+          f"{med(lambda c, r: int(t[c, r + 1, 0] - t[c, r, 8])):6.0f}\n"
+          f"  epilogue (its stamps land in the next row's entry): wg0 tail done->start "
+          f"{med(lambda c, r: int(t[c, r + 1, 11] - t[c, r, 8])):6.0f}  start->buffer free "
+          f"{med(lambda c, r: int(t[c, r + 1, 12] - t[c, r + 1, 11])):6.0f}  ->store issued "
+          f"{med(lambda c, r: int(t[c, r + 1, 13] - t[c, r + 1, 12])):6.0f}  ->next entry "
+          f"{med(lambda c, r: int(t[c, r + 1, 0] - t[c, r + 1, 13])):6.0f}\n"
+          f"  wg1: loop end->epilogue start {med(lambda c, r: int(t[c, r + 1, 14] - t[c, r, 5])):6.0f}  "
+          f"start-wg0 epilogue end {med(lambda c, r: int(t[c, r + 1, 14] - t[c, r + 1, 13])):6.0f}  "
+          f"epilogue {med(lambda c, r: int(t[c, r + 1, 15] - t[c, r + 1, 14])):6.0f}  "
+          f"end->next entry {med(lambda c, r: int(t[c, r + 1, 4] - t[c, r + 1, 15])):6.0f}", flush=True)

@@ -39,7 +39,7 @@ namespace fmha_k = cutlass::fmha::kernel;
 #ifdef BSK_TRACE
 // Dev timeline (scripts/exp_trace.py; build with BSK_NVCC_FLAGS=-DBSK_TRACE): SM clock at fixed points of each
 // row, per CTA (first 132) and row (first kTraceRows); roles count their own rows.
-constexpr int kTraceCtas = 132, kTraceRows = 24, kTraceSlots = 12;
+constexpr int kTraceCtas = 132, kTraceRows = 24, kTraceSlots = 16;
 __device__ long long bsk_trace_buf[kTraceCtas][kTraceRows][kTraceSlots];
 __device__ int bsk_trace_cnt[kTraceCtas][4];
 CUTLASS_DEVICE void trace(int role, int slot, bool last = false) {
@@ -836,6 +836,11 @@ struct BsrEpilogue {
     int m = int(get<0>(blk_coord));
     int b = get<2, 0>(blk_coord), h = get<2, 1>(blk_coord);
     auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+#ifdef BSK_TRACE
+    int tr_wg = m & 1;
+    bool tr_on = wg_thread == 0;
+#endif
+    BSK_TR(tr_on, tr_wg, tr_wg ? 14 : 11, false);
 
     // LSE: the threads that hold column 0 write their rows. A row whose every key was masked comes out of the
     // softmax collective as +inf; our contract is -inf (and O = 0).
@@ -850,18 +855,21 @@ struct BsrEpilogue {
       }
     }
 
-    // O: wait until the previous tile's store has read the buffer, fill it, hand it to the TMA unit.
+    // O: convert, wait until the previous tile's store has read the buffer, fill it with stmatrix (four 8x8
+    // matrices per instruction), hand it to the TMA unit.
+    Tensor tOrO = make_fragment_like<Element>(acc);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); ++i) tOrO(i) = static_cast<Element>(acc(i));
     int barrier_id = int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) +
                      thread_idx / cutlass::NumThreadsPerWarpGroup;
     bool leader = wg_thread == 0;
     if (leader) tma_store_wait<0>();
     cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, barrier_id);
+    BSK_TR(tr_on && !tr_wg, 0, 12, false);
     Tensor sO = make_tensor(make_smem_ptr(storage.smem_o.data()), SmemLayoutO{});
-    Tensor tOsO = thr_mma.partition_C(sO);
-    Tensor tOrO = make_fragment_like<Element>(acc);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc); ++i) tOrO(i) = static_cast<Element>(acc(i));
-    copy(tOrO, tOsO);
+    auto store_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma);
+    auto thr_store_o = store_o.get_thread_slice(wg_thread);
+    copy(store_o, thr_store_o.retile_S(tOrO), thr_store_o.partition_D(sO));
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, barrier_id);
     if (leader) {
@@ -872,6 +880,7 @@ struct BsrEpilogue {
       copy(params.tma_store_o, cta_tma.partition_S(sO), cta_tma.partition_D(gO));
       tma_store_arrive();
     }
+    BSK_TR(tr_on, tr_wg, tr_wg ? 15 : 13, false);
   }
 };
 

@@ -2,7 +2,8 @@
 
     BSK_NVCC_FLAGS=-DBSK_TRACE python scripts/exp_trace.py topk25-d64 dense-d64 short2K-d64 topk25-d128
 Medians over CTAs and rows (first and last row of each CTA left out) of: the row period, the wait for Q, the first
-tile, the loop's cycles per tile, what follows the loop (tail, epilogue, next tile's lookup), and the producer.
+tile, the loop's cycles per tile, what follows the loop (tail, epilogue, next tile's lookup), the epilogue's phases
+for both MMA warpgroups, and the producer.
 """
 import ctypes, statistics as st, sys
 import torch

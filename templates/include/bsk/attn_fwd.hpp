@@ -301,7 +301,6 @@ struct BsrMainloop
       fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
       fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>>;
 
-  using typename Base::TileShape;
   using typename Base::TileShapeQK;
   using typename Base::TileShapePV;
   using typename Base::TiledMmaQK;
@@ -311,8 +310,6 @@ struct BsrMainloop
   using typename Base::PipelineState;
   using typename Base::PipelineStateQ;
   using typename Base::SharedStorage;
-  using typename Base::CollectiveMmaQK;
-  using typename Base::CollectiveMmaPV;
   using typename Base::LoadQ;
   using typename Base::LoadK;
   using typename Base::LoadV;

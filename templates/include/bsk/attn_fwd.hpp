@@ -36,6 +36,10 @@ using namespace cute;
 namespace fmha_c = cutlass::fmha::collective;
 namespace fmha_k = cutlass::fmha::kernel;
 
+// Named barriers, as CUTLASS user ids (NamedBarrier::sync/arrive add the reserved count; hardware has 16):
+// the epilogue's per-warpgroup syncs (two ids).
+enum : uint32_t { kBarEpilogue = 0 };
+
 #ifdef BSK_TRACE
 // Dev timeline (scripts/exp_trace.py; build with BSK_NVCC_FLAGS=-DBSK_TRACE): SM clock at fixed points of each
 // row, per CTA (first 132) and row (first kTraceRows); roles count their own rows.
@@ -857,8 +861,7 @@ struct BsrEpilogue {
     Tensor tOrO = make_fragment_like<Element>(acc);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(acc); ++i) tOrO(i) = static_cast<Element>(acc(i));
-    int barrier_id = int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) +
-                     thread_idx / cutlass::NumThreadsPerWarpGroup;
+    int barrier_id = kBarEpilogue + (thread_idx / cutlass::NumThreadsPerWarpGroup) % 2;
     bool leader = wg_thread == 0;
     if (leader) tma_store_wait<0>();
     cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, barrier_id);

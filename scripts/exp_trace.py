@@ -3,9 +3,11 @@
     BSK_NVCC_FLAGS=-DBSK_TRACE python scripts/exp_trace.py topk25-d64 dense-d64 short2K-d64 topk25-d128
 Medians over CTAs and rows (first and last row of each CTA left out) of: the row period, the wait for Q, the first
 tile, the loop's cycles per tile, what follows the loop (tail, epilogue, next tile's lookup), the epilogue's phases
-for both MMA warpgroups, and the producer.
+for both MMA warpgroups, and the producer. Then the launch as a whole (globaltimer): CTA start spread, when CTAs end
+against the last one (the partial last wave), and the SM clock (clock64 over globaltimer). BSK_TRACE_WARM=N sets the
+warm-up launches before the traced one (default 20; a few hundred to see the clock under sustained load).
 """
-import ctypes, statistics as st, sys
+import ctypes, os, statistics as st, sys
 import torch
 import blackwell_sparsek as bsk
 from blackwell_sparsek import cache
@@ -20,12 +22,19 @@ for spec in sys.argv[1:]:
     k, v = (torch.randn(B, H, lay.seq_k, D, device="cuda", dtype=torch.float16) for _ in range(2))
     cfg = default_config(D, torch.float16, lay, schedule=Schedule(sched) if sched else None)
     lib = ctypes.CDLL(str(cache.ensure_built(cfg).so_path), mode=ctypes.RTLD_LOCAL)
-    for _ in range(20):
+    for _ in range(int(os.environ.get("BSK_TRACE_WARM", "20"))):
         bsk.sparse_attention(q, k, v, lay, config=cfg)
     torch.cuda.synchronize()
     assert lib.bsk_trace_reset() == 0
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
     bsk.sparse_attention(q, k, v, lay, config=cfg)
+    ev[1].record()
     torch.cuda.synchronize()
+    span = (ctypes.c_longlong * (132 * 6))()
+    assert lib.bsk_trace_span_dump(span) == 0
+    sp = torch.tensor(list(span), dtype=torch.int64).view(132, 6)[:min(132, torch.cuda.get_device_properties(0)
+                                                                      .multi_processor_count)]
     dims = (ctypes.c_int * 3)()
     buf = (ctypes.c_longlong * (132 * 64 * 16))()
     assert lib.bsk_trace_dump(buf, dims) == 0
@@ -58,3 +67,13 @@ for spec in sys.argv[1:]:
           f"start-wg0 epilogue end {med(lambda c, r: int(t[c, r + 1, 14] - t[c, r + 1, 13])):6.0f}  "
           f"epilogue {med(lambda c, r: int(t[c, r + 1, 15] - t[c, r + 1, 14])):6.0f}  "
           f"end->next entry {med(lambda c, r: int(t[c, r + 1, 4] - t[c, r + 1, 15])):6.0f}", flush=True)
+    # Launch outside the rows: CTA start spread, each CTA's end (later of its two MMA warpgroups) against the last
+    # one, SM clock from clock64 over globaltimer.
+    start, end = sp[:, 0], torch.maximum(sp[:, 2], sp[:, 4])
+    mhz = ((torch.maximum(sp[:, 3], sp[:, 5]) - sp[:, 1]).double() / (end - start).double() * 1e3).median().item()
+    t0 = start.min()
+    print(f"  launch: event {ev[0].elapsed_time(ev[1]) * 1e3:7.1f} us  CTAs start..last end "
+          f"{(end.max() - t0).item() / 1e3:7.1f} us  start spread {(start.max() - t0).item() / 1e3:5.2f} us  "
+          f"end min/median/max {(end.min() - t0).item() / 1e3:6.1f} / {(end.median() - t0).item() / 1e3:6.1f} / "
+          f"{(end.max() - t0).item() / 1e3:6.1f} us  (idle after own end: {((end.max() - end).double().mean() / (end.max() - t0).double()).item() * 100:4.1f} %)  "
+          f"SM clock {mhz:5.0f} MHz", flush=True)

@@ -53,6 +53,19 @@ CUTLASS_DEVICE void trace(int role, int slot, bool last = false) {
   if (r < kTraceRows) bsk_trace_buf[cta][r][slot] = clock64();
   if (last) bsk_trace_cnt[cta][role] = r + 1;
 }
+// Per CTA: globaltimer (ns) and clock64 when the kernel starts (thread 0) and when each MMA warpgroup leaves
+// (its first thread): where a launch's time goes outside the rows.
+__device__ long long bsk_trace_span[kTraceCtas][6];
+CUTLASS_DEVICE void trace_span(int at) {
+  if (blockIdx.x >= kTraceCtas) return;
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  bsk_trace_span[blockIdx.x][at] = t;
+  bsk_trace_span[blockIdx.x][at + 1] = clock64();
+}
+extern "C" int bsk_trace_span_dump(long long* out) {
+  return int(cudaMemcpyFromSymbol(out, bsk_trace_span, sizeof(bsk_trace_span)));
+}
 extern "C" int bsk_trace_dump(long long* out, int* dims) {
   dims[0] = kTraceCtas; dims[1] = kTraceRows; dims[2] = kTraceSlots;
   cudaError_t e = cudaMemcpyFromSymbol(out, bsk_trace_buf, sizeof(bsk_trace_buf));
@@ -66,7 +79,9 @@ extern "C" int bsk_trace_reset() {
   return int(e);
 }
 #define BSK_TR(cond, role, slot, last) do { if (cond) trace(role, slot, last); } while (0)
+#define BSK_TR_SPAN(cond, at) do { if (cond) trace_span(at); } while (0)
 #else
+#define BSK_TR_SPAN(cond, at) do { } while (0)
 #define BSK_TR(cond, role, slot, last) do { } while (0)
 #endif
 
@@ -733,7 +748,9 @@ struct BsrTileScheduler {
   Params const& params;
   int idx;
 
-  CUTLASS_DEVICE BsrTileScheduler(Params const& p) : params(p), idx(int(blockIdx.x)) {}
+  CUTLASS_DEVICE BsrTileScheduler(Params const& p) : params(p), idx(int(blockIdx.x)) {
+    BSK_TR_SPAN(threadIdx.x == 0, 0);
+  }
 
   static Params make(int batch, int heads, int n_rows, int tiles_per_row, int layout_heads, const int* row_order,
                      bool persistent, int sm_count, int rank_major) {
@@ -758,7 +775,10 @@ struct BsrTileScheduler {
   // must have read shared memory first. A no-op for threads that issued none.
   CUTLASS_DEVICE bool is_valid() {
     bool valid = idx < params.num_tiles;
-    if (!valid) tma_store_wait<0>();
+    if (!valid) {
+      tma_store_wait<0>();
+      BSK_TR_SPAN(threadIdx.x == 128 || threadIdx.x == 256, threadIdx.x == 128 ? 2 : 4);
+    }
     return valid;
   }
 

@@ -134,37 +134,44 @@ struct BsrRowCursor {
   }
 };
 
-// Online-softmax step for every tile after the first: new row max (thread-local, then across the threads that
-// share a row), O and the running sum rescaled by 2^((old max - new max) * scale), P = 2^(s * scale - max * scale)
-// written over S. Replaces example 88's CollectiveSoftmax::step at head_dim 64, where it measured 2 % faster (at
-// 128 the collective's step is 1 % faster; docs/perf_notes.md has the A/B); the first tile and the tail still use
-// the collective.
-template <class AccQK, class TiledMmaQK, class State, class AccPV, class TiledMmaPV>
+// Online-softmax step for every tile after the first (the first tile and the tail use example 88's
+// CollectiveSoftmax): new row max (thread-local, then across the threads that share a row), O and the running sum
+// rescaled by 2^((old max - new max) * scale), P = 2^(s * scale - max * scale) written over S.
+// kLazy (head_dim > 64): a warp rescales only when one of its rows' max has grown by more than 2^kLazyLog2 since its
+// last rescale; otherwise it keeps the stale max, so P <= 2^kLazyLog2 (fine in 16 bits) and the tail normalizes with
+// the same max: exact, minus most of the O rescales (with random data, all after the first few tiles). At
+// head_dim 64 the eager form measured faster (docs/perf_notes.md has both A/Bs).
+constexpr float kLazyLog2 = 8.f;
+template <bool kLazy, class AccQK, class TiledMmaQK, class State, class AccPV, class TiledMmaPV>
 CUTLASS_DEVICE void softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, State& state, AccPV& acc_pv,
                                          TiledMmaPV const& tiled_mma_pv, float scale_log2) {
   Tensor s = make_tensor(acc_qk.data(), fmha_c::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
   Tensor o = make_tensor(acc_pv.data(), fmha_c::layout_acc_mn(tiled_mma_pv, acc_pv.layout()));
   auto red = fmha_c::reduction_target_n(tiled_mma_qk);
   constexpr int kRanks = decltype(rank(red))::value;
+  constexpr int kRows = decltype(size<0>(s))::value;
   auto& row_max = get<0>(state);
   auto& row_sum = get<1>(state);
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < size<0>(s); ++i) {
-    float prev = row_max(i);
-    float mx = prev;
+  auto tile_max = [&](int i) {
+    float mx = row_max(i);
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < size<1>(s); ++j) mx = fmaxf(mx, s(i, j));
     for_each(make_seq<kRanks>{}, [&](auto r) {
       CUTLASS_PRAGMA_UNROLL
       for (int k = 1; k < shape<r>(red); k *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, stride<r>(red) * k));
     });
+    return mx;
+  };
+  auto rescale = [&](int i, float mx) {  // a row masked so far (max -inf) keeps P = 0, O = 0
+    float prev = row_max(i);
     row_max(i) = mx;
-    float ref = mx == -INFINITY ? 0.f : mx;  // a row masked so far keeps P = 0, O = 0
-    float corr = ::exp2f((prev - ref) * scale_log2);
+    float corr = ::exp2f((prev - (mx == -INFINITY ? 0.f : mx)) * scale_log2);
     row_sum(i) *= corr;
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < size<1>(o); ++j) o(i, j) *= corr;
-    float sub = ref * scale_log2;
+  };
+  auto exponentiate = [&](int i) {
+    float sub = (row_max(i) == -INFINITY ? 0.f : row_max(i)) * scale_log2;
     float sum = 0.f;
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < size<1>(s); ++j) {
@@ -173,6 +180,27 @@ CUTLASS_DEVICE void softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
       sum += e;
     }
     row_sum(i) += sum;
+  };
+  if constexpr (kLazy) {
+    float mx[kRows];
+    bool grow = false;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      mx[i] = tile_max(i);
+      grow |= (mx[i] - row_max(i)) * scale_log2 > kLazyLog2;  // -inf -> finite counts as growth
+    }
+    if (__any_sync(0xffffffffu, grow)) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kRows; ++i) rescale(i, mx[i]);
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) exponentiate(i);
+  } else {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      rescale(i, tile_max(i));
+      exponentiate(i);
+    }
   }
 }
 
@@ -478,11 +506,9 @@ struct BsrMainloop
       if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
       if constexpr (kFirst) {
         softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
-      } else if constexpr (HeadDim > 64) {
-        softmax.template step<false>(acc_qk, tiled_mma_qk, tPcP, softmax_state, acc_pv, tiled_mma_pv,
-                                     problem_size);
       } else {
-        softmax_rescale_step(acc_qk, tiled_mma_qk, softmax_state, acc_pv, tiled_mma_pv, params.scale_softmax_log2);
+        softmax_rescale_step<(HeadDim > 64)>(acc_qk, tiled_mma_qk, softmax_state, acc_pv, tiled_mma_pv,
+                                             params.scale_softmax_log2);
       }
       Tensor p = fmha_c::make_acc_into_op<Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
 

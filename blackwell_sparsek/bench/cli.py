@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .timing import REP_MS, WARMUP_MS
+
 SUBCOMMANDS = ("bench", "compare-88", "profile")
 # Seconds of building + measuring after which remaining cases are skipped; the rest of a run (torch import, CUDA
 # init, JSON, plots) takes ~20 s and one case may overrun its estimate: quick < 4 min, full < 9 min in total.
@@ -43,8 +45,8 @@ def _bench_parser() -> argparse.ArgumentParser:
                     help="build example 88 if it is not cached (minutes); default: use it only when cached or "
                          "BSK_EX88_BIN is set")
     ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--warmup-ms", type=float, default=25.0)
-    ap.add_argument("--rep-ms", type=float, default=100.0)
+    ap.add_argument("--warmup-ms", type=float, default=WARMUP_MS)
+    ap.add_argument("--rep-ms", type=float, default=REP_MS)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu only exercises the harness (tiny preset; ours = reference fallback)")
     ap.add_argument("--list", action="store_true", help="print the planned cases and exit (no GPU needed)")
@@ -67,7 +69,7 @@ def _compare_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--no-build", action="store_true", help="fail instead of building example 88 when not cached")
     ap.add_argument("--json", default="bench/results/compare88.json", help="output JSON ('' to skip)")
-    ap.add_argument("--rep-ms", type=float, default=100.0)
+    ap.add_argument("--rep-ms", type=float, default=REP_MS)
     return ap
 
 

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from . import ex88, metrics
 from .report import _fmt, environment, format_table, print_err, write_json
+from .timing import REP_MS, WARMUP_MS
 
 DEFAULT_SHAPES: tuple[tuple[int, int, int, int], ...] = ((2, 16, 8192, 128), (1, 8, 8192, 64), (16, 16, 1024, 128))
 
@@ -91,7 +92,7 @@ def _ours(shape: tuple[int, int, int, int], causal: bool, dtype: str, warmup_ms:
 
 def run(shapes: Sequence[tuple[int, int, int, int]] = DEFAULT_SHAPES, masks: Sequence[str] = ("full", "causal"), *,
         iterations: int = 20, repeats: int = 3, verify: bool = False, dtype: str = "fp16",
-        build_ex88: bool = True, warmup_ms: float = 25.0, rep_ms: float = 100.0,
+        build_ex88: bool = True, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS,
         json_path: str | None = None, device: str = "cuda", loop_n: int = 20) -> dict[str, Any]:
     """``device='cpu'`` only tests the plumbing (ours = the reference fallback, example 88 = whatever
     $BSK_EX88_BIN prints)."""

@@ -31,7 +31,7 @@ from . import metrics
 from .peers import Flex, Ours, Peer, Tensors, default_peers
 from .timing import bench as bench_time
 from .timing import loop_bench as bench_loop
-from .timing import free_memory, peak_memory, poison_allocator, sync
+from .timing import REP_MS, WARMUP_MS, free_memory, peak_memory, poison_allocator, sync
 
 BLOCK = 128
 PATTERNS = ("dense", "causal", "window", "topk")
@@ -128,7 +128,8 @@ def case_flops(case: Case, layout: Any) -> dict[str, float]:
 
 
 def estimate_case_seconds(case: Case, n_peers: int, tflops_guess: float = 300.0) -> float:
-    """Rough wall time of one case (for the budget): ~12 calls per peer at ``tflops_guess`` + fixed overheads."""
+    """Rough wall time of one case (for the budget): ~12 calls per peer at ``tflops_guess``, the timer's warm-up and
+    fixed overheads."""
     if case.pattern == "dense":
         f = metrics.dense_flops(case.b, case.h, case.s, case.s, case.d)
     elif case.pattern == "causal":
@@ -138,7 +139,7 @@ def estimate_case_seconds(case: Case, n_peers: int, tflops_guess: float = 300.0)
     else:
         f = 4.0 * case.b * case.h * case.d * (-(-case.s // BLOCK)) * case.topk_k() * BLOCK * BLOCK
     per_call = f / (tflops_guess * 1e12)
-    return n_peers * (12 * per_call + 0.4) + 0.5
+    return n_peers * (12 * per_call + 0.4 + WARMUP_MS / 1e3) + 0.5
 
 
 def make_inputs(case: Case) -> tuple[Any, Any, Any]:
@@ -298,8 +299,8 @@ class FatalCudaError(RuntimeError):
 
 @dataclasses.dataclass
 class RunOptions:
-    warmup_ms: float = 25.0
-    rep_ms: float = 100.0
+    warmup_ms: float = WARMUP_MS
+    rep_ms: float = REP_MS
     budget_s: float = 1e9
     check: bool = True
     cross_check: bool = True

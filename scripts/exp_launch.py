@@ -1,5 +1,6 @@
-"""Dev: fixed per-launch cost. 25 % top-k at (1, H, 8192, D) for several H: do_bench of the op and of a CUDA graph
-replay of it (no host overhead); a straight-line fit time = fixed + per_head * H gives the fixed part."""
+"""Dev: host overhead. 25 % top-k at (1, H, 8192, D) for several H: do_bench of the op and of a CUDA graph replay of
+it (no host overhead), and a straight-line fit time = a + b * H. The intercept a mixes in wave quantization (rows per
+CTA), so it is not a launch cost; exp_trace.py's launch span measures that directly."""
 import sys
 import torch
 from triton.testing import do_bench

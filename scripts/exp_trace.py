@@ -3,7 +3,8 @@
     BSK_NVCC_FLAGS=-DBSK_TRACE python scripts/exp_trace.py topk25-d64 dense-d64 short2K-d64 topk25-d128
 Medians over CTAs and rows (first and last row of each CTA left out) of: the row period, the wait for Q, the first
 tile, the loop's cycles per tile, what follows the loop (tail, epilogue, next tile's lookup), the epilogue's phases
-for both MMA warpgroups, and the producer. Then the launch as a whole (globaltimer): CTA start spread, when CTAs end
+for both MMA warpgroups, and the producer; inside the loop, per tile and warpgroup, the GEMM wait, the softmax and
+the PV/QK issue. Then the launch as a whole (globaltimer): CTA start spread, when CTAs end
 against the last one (the partial last wave), and the SM clock (clock64 over globaltimer). BSK_TRACE_WARM=N sets the
 warm-up launches before the traced one (default 20; a few hundred to see the clock under sustained load).
 """
@@ -74,3 +75,20 @@ for spec in sys.argv[1:]:
           f"end min/median/max {(end.min() - t0).item() / 1e3:6.1f} / {(end.median() - t0).item() / 1e3:6.1f} / "
           f"{(end.max() - t0).item() / 1e3:6.1f} us  (idle after own end: {((end.max() - end).double().mean() / (end.max() - t0).double()).item() * 100:4.1f} %)  "
           f"SM clock {mhz:5.0f} MHz", flush=True)
+    # Inside the loop (the CTA's second row, tiles 2 .. n-2), per MMA warpgroup: QK issued -> QK and previous PV
+    # done (GEMMs), -> softmax done, -> next QK issued (PV issue, K wait); warpgroup 1's QK issue after warpgroup 0's.
+    lb = (ctypes.c_longlong * (132 * 2 * 64 * 3))()
+    assert lib.bsk_trace_loop_dump(lb) == 0
+    L = torch.tensor(list(lb), dtype=torch.int64).view(132, 2, 64, 3)[:C]
+    n = min(ntile, 64)
+    if n > 5:
+        j = slice(2, n - 2)
+        jn = slice(3, n - 1)
+        ok = (L[:, :, 2:n - 1, 0] > 0).all(-1).all(-1)
+        Lk = L[ok]
+        md = lambda x: x.double().median().item()  # noqa
+        for w in range(2):
+            print(f"  loop wg{w}: gemm {md(Lk[:, w, j, 1] - Lk[:, w, j, 0]):6.0f}  softmax "
+                  f"{md(Lk[:, w, j, 2] - Lk[:, w, j, 1]):6.0f}  ->next QK {md(Lk[:, w, jn, 0] - Lk[:, w, j, 2]):6.0f}"
+                  f"  period {md(Lk[:, w, jn, 0] - Lk[:, w, j, 0]):6.0f}", end="")
+        print(f"  | wg1-wg0 QK issue {md(Lk[:, 1, j, 0] - Lk[:, 0, j, 0]):6.0f}  ctas {int(ok.sum())}", flush=True)

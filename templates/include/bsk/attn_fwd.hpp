@@ -71,16 +71,30 @@ extern "C" int bsk_trace_dump(long long* out, int* dims) {
   cudaError_t e = cudaMemcpyFromSymbol(out, bsk_trace_buf, sizeof(bsk_trace_buf));
   return int(e);
 }
+// Per tile of one row per CTA (the CTA's second row; first 64 tiles), per MMA warpgroup: QK issued, QK (and the
+// previous PV) done, softmax done.
+constexpr int kTraceTiles = 64;
+__device__ long long bsk_loop_buf[kTraceCtas][2][kTraceTiles][3];
 extern "C" int bsk_trace_reset() {
   static long long zb[kTraceCtas][kTraceRows][kTraceSlots];
+  static long long zl[kTraceCtas][2][kTraceTiles][3];
   static int zc[kTraceCtas][4];
   cudaError_t e = cudaMemcpyToSymbol(bsk_trace_buf, zb, sizeof(zb));
+  if (e == cudaSuccess) e = cudaMemcpyToSymbol(bsk_loop_buf, zl, sizeof(zl));
   if (e == cudaSuccess) e = cudaMemcpyToSymbol(bsk_trace_cnt, zc, sizeof(zc));
   return int(e);
 }
 #define BSK_TR(cond, role, slot, last) do { if (cond) trace(role, slot, last); } while (0)
+CUTLASS_DEVICE void trace_loop(int wg, int row, int j, int at) {
+  if (blockIdx.x < kTraceCtas && row == 1 && j < kTraceTiles) bsk_loop_buf[blockIdx.x][wg][j][at] = clock64();
+}
+extern "C" int bsk_trace_loop_dump(long long* out) {
+  return int(cudaMemcpyFromSymbol(out, bsk_loop_buf, sizeof(bsk_loop_buf)));
+}
+#define BSK_TL(cond, wg, row, j, at) do { if (cond) trace_loop(wg, row, j, at); } while (0)
 #define BSK_TR_SPAN(cond, at) do { if (cond) trace_span(at); } while (0)
 #else
+#define BSK_TL(cond, wg, row, j, at) do { } while (0)
 #define BSK_TR_SPAN(cond, at) do { } while (0)
 #define BSK_TR(cond, role, slot, last) do { } while (0)
 #endif
@@ -442,7 +456,9 @@ struct BsrMainloop
 #ifdef BSK_TRACE
     int tr_wg = int(get<0>(wg_coord)) & 1;
     bool tr_on = thread_idx % 128 == 0;
+    int tr_row = blockIdx.x < kTraceCtas ? bsk_trace_cnt[blockIdx.x][tr_wg] : 0;
 #endif
+    [[maybe_unused]] int tr_j = 0;  // tile index, for the trace only
     BSK_TR(tr_on, tr_wg, tr_wg ? 4 : 0, false);
 
     TiledMmaQK tiled_mma_qk;
@@ -491,6 +507,7 @@ struct BsrMainloop
       warpgroup_arrive();
       fmha_c::gemm_zero_acc(tiled_mma_qk, sQ_stage, tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
       warpgroup_commit_batch();
+      BSK_TL(tr_on, tr_wg, tr_row, tr_j, 0);
       if constexpr (kFirst) math_wg_order_barrier.arrive();
       ++smem_pipe_read;
       return acc_qk;
@@ -502,6 +519,7 @@ struct BsrMainloop
       warpgroup_wait<0>();  // this QK (and the previous PV)
       warpgroup_fence_operand(acc_qk);
       warpgroup_fence_operand(acc_pv);
+      BSK_TL(tr_on, tr_wg, tr_row, tr_j, 1);
 
       if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
       if constexpr (kFirst) {
@@ -511,6 +529,7 @@ struct BsrMainloop
                                              params.scale_softmax_log2);
       }
       Tensor p = fmha_c::make_acc_into_op<Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
+      BSK_TL(tr_on, tr_wg, tr_row, tr_j, 2);
 
       pipeline.consumer_wait(smem_pipe_read, tok);
       warpgroup_fence_operand(acc_pv);
@@ -543,6 +562,7 @@ struct BsrMainloop
 
     CUTLASS_PRAGMA_NO_UNROLL
     for (int j = 1; j < n_tiles; ++j) {
+      tr_j = j;
       auto acc_qk = issue_qk(cute::false_type{});
       int col, kind;
       cursor.at(j / kTilesPerBlockN, col, kind);

@@ -5,7 +5,8 @@
 // What is ours:
 //   * BsrMainloop: the producer walks col_idx[row_ptr[r] .. row_ptr[r+1]) and TMA-loads only those K/V tiles
 //     (GQA/MQA through the K/V head index); the consumers run WGMMA QK^T, mask only blocks whose block_kind says
-//     so (sequence end, element rule: causal / window edge), online softmax, WGMMA PV with P from registers;
+//     so (sequence end, element rule: causal / window edge), online softmax, WGMMA PV with P from registers, the
+//     softmax of tile j under the PV GEMM of tile j-1;
 //     rows with no blocks write O = 0 and LSE = -inf. BsrMainloopSingle: one warpgroup per CTA, loads its own.
 //   * BsrEpilogue: O through shared memory and one TMA store per warpgroup that nobody waits on until the buffer
 //     is needed again; LSE straight to global.
@@ -149,18 +150,18 @@ struct BsrRowCursor {
 };
 
 // Online-softmax step for every tile after the first (the first tile and the tail use example 88's
-// CollectiveSoftmax): new row max (thread-local, then across the threads that share a row), O and the running sum
-// rescaled by 2^((old max - new max) * scale), P = 2^(s * scale - max * scale) written over S.
+// CollectiveSoftmax): new row max (thread-local, then across the threads that share a row), the running sum
+// rescaled by corr = 2^((old max - new max) * scale), P = 2^(s * scale - max * scale) written over S. Returns
+// whether O must be rescaled by corr (rescale_o), which the caller does once the PV GEMM in flight has completed.
 // kLazy (head_dim > 64): a warp rescales only when one of its rows' max has grown by more than 2^kLazyLog2 since its
 // last rescale; otherwise it keeps the stale max, so P <= 2^kLazyLog2 (fine in 16 bits) and the tail normalizes with
 // the same max: exact, minus most of the O rescales (with random data, all after the first few tiles). At
 // head_dim 64 the eager form measured faster (docs/perf_notes.md has both A/Bs).
 constexpr float kLazyLog2 = 8.f;
-template <bool kLazy, class AccQK, class TiledMmaQK, class State, class AccPV, class TiledMmaPV>
-CUTLASS_DEVICE void softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, State& state, AccPV& acc_pv,
-                                         TiledMmaPV const& tiled_mma_pv, float scale_log2) {
+template <bool kLazy, class AccQK, class TiledMmaQK, class State, class Corr>
+CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, State& state,
+                                         float scale_log2, Corr& corr) {
   Tensor s = make_tensor(acc_qk.data(), fmha_c::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
-  Tensor o = make_tensor(acc_pv.data(), fmha_c::layout_acc_mn(tiled_mma_pv, acc_pv.layout()));
   auto red = fmha_c::reduction_target_n(tiled_mma_qk);
   constexpr int kRanks = decltype(rank(red))::value;
   constexpr int kRows = decltype(size<0>(s))::value;
@@ -179,10 +180,8 @@ CUTLASS_DEVICE void softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
   auto rescale = [&](int i, float mx) {  // a row masked so far (max -inf) keeps P = 0, O = 0
     float prev = row_max(i);
     row_max(i) = mx;
-    float corr = ::exp2f((prev - (mx == -INFINITY ? 0.f : mx)) * scale_log2);
-    row_sum(i) *= corr;
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < size<1>(o); ++j) o(i, j) *= corr;
+    corr[i] = ::exp2f((prev - (mx == -INFINITY ? 0.f : mx)) * scale_log2);
+    row_sum(i) *= corr[i];
   };
   auto exponentiate = [&](int i) {
     float sub = (row_max(i) == -INFINITY ? 0.f : row_max(i)) * scale_log2;
@@ -203,18 +202,33 @@ CUTLASS_DEVICE void softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
       mx[i] = tile_max(i);
       grow |= (mx[i] - row_max(i)) * scale_log2 > kLazyLog2;  // -inf -> finite counts as growth
     }
-    if (__any_sync(0xffffffffu, grow)) {
+    bool any = __any_sync(0xffffffffu, grow);
+    if (any) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kRows; ++i) rescale(i, mx[i]);
     }
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kRows; ++i) exponentiate(i);
+    return any;
   } else {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kRows; ++i) {
       rescale(i, tile_max(i));
       exponentiate(i);
     }
+    return true;
+  }
+}
+
+// O (rows x cols of the PV accumulator) *= corr per row: the O half of softmax_rescale_step, applied once the PV
+// GEMM that accumulates into O has completed.
+template <class AccPV, class TiledMmaPV, class Corr>
+CUTLASS_DEVICE void rescale_o(AccPV& acc_pv, TiledMmaPV const& tiled_mma_pv, Corr const& corr) {
+  Tensor o = make_tensor(acc_pv.data(), fmha_c::layout_acc_mn(tiled_mma_pv, acc_pv.layout()));
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size<0>(o); ++i) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < size<1>(o); ++j) o(i, j) *= corr[i];
   }
 }
 
@@ -452,7 +466,6 @@ struct BsrMainloop
                               PipelineStateQ& smem_pipe_read_q, MainloopPipelineReducer&, PipelineStateReducer&,
                               SharedStorage& storage, MathWgOrderBarrier& math_wg_order_barrier) {
     int thread_idx = int(threadIdx.x);
-    PipelineState smem_pipe_release = smem_pipe_read;
 #ifdef BSK_TRACE
     int tr_wg = int(get<0>(wg_coord)) & 1;
     bool tr_on = thread_idx % 128 == 0;
@@ -494,10 +507,18 @@ struct BsrMainloop
       return make_tuple(acc_pv, lse);
     }
 
-    // One KV tile in two parts. issue_qk: S = Q K^T on the tensor cores (tile 0 orders its QK between the
-    // warpgroups). finish: mask (only when kMasked: a compile-time branch, so full blocks carry no mask code),
-    // online softmax (tile 0 initializes the running max/sum), O += P V, release ring slots. The block's kind,
-    // which picks finish's instantiation, is read while the QK runs: at a row start it is a global load.
+    // Tiles overlap inside the warpgroup (FlashAttention-3's order): tile j issues QK_j, then PV of tile j-1 (its P
+    // kept in tOrP), waits for QK_j only, and runs tile j's mask and online softmax while PV_{j-1} is still on the
+    // tensor cores; O is rescaled, and tOrP overwritten with P_j, once PV_{j-1} has completed. Masks are a
+    // compile-time branch (full blocks carry no mask code); the block's kind is read while QK_j runs (at a row
+    // start it is a global load). Tile 0 orders its QK between the warpgroups and initializes the running max/sum.
+    Tensor tOrP = make_fragment_like<Element>(fmha_c::convert_c_layout_to_a_layout(
+        partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{})).layout(),
+        shape<1>(typename TiledMmaPV::LayoutA_TV{})));
+    auto corr = make_fragment_like(get<0>(softmax_state));  // per-row O rescale factor of the current tile
+    PipelineState read_v = smem_pipe_read;                  // V of the previous tile
+    clear(acc_pv);
+
     auto issue_qk = [&](auto first) {
       constexpr bool kFirst = decltype(first)::value;
       Tensor acc_qk = partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{}));
@@ -509,54 +530,58 @@ struct BsrMainloop
       warpgroup_commit_batch();
       BSK_TL(tr_on, tr_wg, tr_row, tr_j, 0);
       if constexpr (kFirst) math_wg_order_barrier.arrive();
-      ++smem_pipe_read;
       return acc_qk;
     };
-    auto finish = [&](auto masked, auto first, auto& acc_qk, int k0, int kind) {
-      constexpr bool kMasked = decltype(masked)::value;
-      constexpr bool kFirst = decltype(first)::value;
-      auto tok = pipeline.consumer_try_wait(smem_pipe_read);
-      warpgroup_wait<0>();  // this QK (and the previous PV)
-      warpgroup_fence_operand(acc_qk);
+    auto issue_pv = [&]() {  // O += P V of the previous tile
+      pipeline.consumer_wait(read_v);
       warpgroup_fence_operand(acc_pv);
-      BSK_TL(tr_on, tr_wg, tr_row, tr_j, 1);
-
-      if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
-      if constexpr (kFirst) {
-        softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
-      } else {
-        softmax_rescale_step<(HeadDim > 64)>(acc_qk, tiled_mma_qk, softmax_state, acc_pv, tiled_mma_pv,
-                                             params.scale_softmax_log2);
-      }
-      Tensor p = fmha_c::make_acc_into_op<Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
-      BSK_TL(tr_on, tr_wg, tr_row, tr_j, 2);
-
-      pipeline.consumer_wait(smem_pipe_read, tok);
-      warpgroup_fence_operand(acc_pv);
-      warpgroup_fence_operand(p);
+      warpgroup_fence_operand(tOrP);
       warpgroup_arrive();
-      if constexpr (kFirst) {
-        fmha_c::gemm_zero_acc(tiled_mma_pv, p, tOrV(_, _, _, smem_pipe_read.index()), acc_pv);
-      } else {
-        cute::gemm(tiled_mma_pv, p, tOrV(_, _, _, smem_pipe_read.index()), acc_pv);
-      }
+      cute::gemm(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_pv);
       warpgroup_commit_batch();
-      if constexpr (!kFirst) {
-        pipeline.consumer_release(smem_pipe_release);  // V of the previous tile
-        ++smem_pipe_release;
-      }
-      pipeline.consumer_release(smem_pipe_release);    // K of this tile
-      ++smem_pipe_release;
+    };
+    auto to_p = [&](auto& acc_qk) {  // P (Element) into the PV operand registers; the tile's V becomes read_v
+      Tensor p_as_acc = make_tensor(tOrP.data(), acc_qk.layout());
+      cute::copy(acc_qk, p_as_acc);
+      warpgroup_fence_operand(tOrP);
+      BSK_TL(tr_on, tr_wg, tr_row, tr_j, 2);
+      read_v = smem_pipe_read;
       ++smem_pipe_read;
+    };
+    // Tile j >= 1 after its QK has been issued (and PV_{j-1} after it).
+    auto finish = [&](auto masked, auto& acc_qk, int k0, int kind) {
+      constexpr bool kMasked = decltype(masked)::value;
+      PipelineState read_k = smem_pipe_read;
+      ++smem_pipe_read;
+      warpgroup_wait<1>();  // QK_j (PV_{j-1} may still run)
+      warpgroup_fence_operand(acc_qk);
+      BSK_TL(tr_on, tr_wg, tr_row, tr_j, 1);
+      pipeline.consumer_release(read_k);
+      if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
+      bool rescale = softmax_rescale_step<(HeadDim > 64)>(acc_qk, tiled_mma_qk, softmax_state,
+                                                          params.scale_softmax_log2, corr);
+      warpgroup_wait<0>();  // PV_{j-1}
+      warpgroup_fence_operand(acc_pv);
+      warpgroup_fence_operand(tOrP);
+      pipeline.consumer_release(read_v);
+      if (rescale) rescale_o(acc_pv, tiled_mma_pv, corr);
+      to_p(acc_qk);
     };
 
     {
       auto acc_qk = issue_qk(cute::true_type{});
+      PipelineState read_k = smem_pipe_read;
+      ++smem_pipe_read;
       int col, kind;
       cursor.at(0, col, kind);
       BSK_TR(tr_on && !tr_wg && kind >= 0, 0, 10, false);
-      if (kind != kBlockFull) finish(cute::true_type{}, cute::true_type{}, acc_qk, col * BlockN, kind);
-      else                    finish(cute::false_type{}, cute::true_type{}, acc_qk, 0, 0);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_qk);
+      BSK_TL(tr_on, tr_wg, tr_row, tr_j, 1);
+      pipeline.consumer_release(read_k);
+      if (kind != kBlockFull) Common::apply_mask(acc_qk, tPcP, q0, col * BlockN, kind, problem_size, params.bsr);
+      softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
+      to_p(acc_qk);
     }
     BSK_TR(tr_on && !tr_wg, 0, 2, false);
 
@@ -564,21 +589,22 @@ struct BsrMainloop
     for (int j = 1; j < n_tiles; ++j) {
       tr_j = j;
       auto acc_qk = issue_qk(cute::false_type{});
+      issue_pv();
       int col, kind;
       cursor.at(j / kTilesPerBlockN, col, kind);
       if (kind != kBlockFull) {
-        finish(cute::true_type{}, cute::false_type{}, acc_qk, col * BlockN + (j % kTilesPerBlockN) * TileN, kind);
+        finish(cute::true_type{}, acc_qk, col * BlockN + (j % kTilesPerBlockN) * TileN, kind);
       } else {
-        finish(cute::false_type{}, cute::false_type{}, acc_qk, 0, 0);
+        finish(cute::false_type{}, acc_qk, 0, 0);
       }
     }
+    issue_pv();  // the last tile's
 
     if constexpr (kIsPersistent) pipeline_q.consumer_release(smem_pipe_read_q);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_pv);
     BSK_TR(tr_on, tr_wg, tr_wg ? 5 : 3, tr_wg);
-    if constexpr (kIsPersistent) pipeline.consumer_release(smem_pipe_release);  // V of the last tile
-    ++smem_pipe_release;
+    if constexpr (kIsPersistent) pipeline.consumer_release(read_v);  // V of the last tile
 
     auto lse = softmax.tail(softmax_state, acc_pv, tiled_mma_pv);
     BSK_TR(tr_on && !tr_wg && lse(0) != 1.f, 0, 8, true);

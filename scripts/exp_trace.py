@@ -3,8 +3,8 @@
     BSK_NVCC_FLAGS=-DBSK_TRACE python scripts/exp_trace.py topk25-d64 dense-d64 short2K-d64 topk25-d128
 Medians over CTAs and rows (first and last row of each CTA left out) of: the row period, the wait for Q, the first
 tile, the loop's cycles per tile, what follows the loop (tail, epilogue, next tile's lookup), the epilogue's phases
-for both MMA warpgroups, and the producer; inside the loop, per tile and warpgroup, the GEMM wait, the softmax and
-the PV/QK issue. Then the launch as a whole (globaltimer): CTA start spread, when CTAs end
+for both MMA warpgroups, and the producer; inside the loop, per tile and warpgroup, the QK wait, the softmax (and
+the previous PV's wait) and the next QK's issue. Then the launch as a whole (globaltimer): CTA start spread, when CTAs end
 against the last one (the partial last wave), and the SM clock (clock64 over globaltimer). BSK_TRACE_WARM=N sets the
 warm-up launches before the traced one (default 20; a few hundred to see the clock under sustained load).
 """
@@ -75,8 +75,9 @@ for spec in sys.argv[1:]:
           f"end min/median/max {(end.min() - t0).item() / 1e3:6.1f} / {(end.median() - t0).item() / 1e3:6.1f} / "
           f"{(end.max() - t0).item() / 1e3:6.1f} us  (idle after own end: {((end.max() - end).double().mean() / (end.max() - t0).double()).item() * 100:4.1f} %)  "
           f"SM clock {mhz:5.0f} MHz", flush=True)
-    # Inside the loop (the CTA's second row, tiles 2 .. n-2), per MMA warpgroup: QK issued -> QK and previous PV
-    # done (GEMMs), -> softmax done, -> next QK issued (PV issue, K wait); warpgroup 1's QK issue after warpgroup 0's.
+    # Inside the loop (the CTA's second row, tiles 2 .. n-2), per MMA warpgroup: QK_j issued -> QK_j done (the
+    # previous tile's PV is issued in between and may still run), -> softmax done and P written (after waiting for
+    # that PV), -> next QK issued (K wait); warpgroup 1's QK issue after warpgroup 0's.
     lb = (ctypes.c_longlong * (132 * 2 * 64 * 3))()
     assert lib.bsk_trace_loop_dump(lb) == 0
     L = torch.tensor(list(lb), dtype=torch.int64).view(132, 2, 64, 3)[:C]

@@ -72,8 +72,8 @@ extern "C" int bsk_trace_dump(long long* out, int* dims) {
   cudaError_t e = cudaMemcpyFromSymbol(out, bsk_trace_buf, sizeof(bsk_trace_buf));
   return int(e);
 }
-// Per tile of one row per CTA (the CTA's second row; first 64 tiles), per MMA warpgroup: QK issued, QK (and the
-// previous PV) done, softmax done.
+// Per tile of one row per CTA (the CTA's second row; first 64 tiles), per MMA warpgroup: QK issued, QK done,
+// P written (softmax and the previous PV done).
 constexpr int kTraceTiles = 64;
 __device__ long long bsk_loop_buf[kTraceCtas][2][kTraceTiles][3];
 extern "C" int bsk_trace_reset() {

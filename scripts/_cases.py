@@ -13,3 +13,28 @@ CASES = {
     "short2K-d128": (2, 16, 8192, 128, lambda S, H: L.dense(S, 2048)),
     "short2K-d64": (1, 8, 8192, 64, lambda S, H: L.dense(S, 2048)),
 }
+
+
+def inputs(name, *, max_heads=None, max_seq=None):
+    """(B, H, S, D, layout on the GPU, q, k, v) of a case: fresh fp16 inputs; heads / length optionally capped."""
+    import torch
+    B, H, S, D, mk = CASES[name]
+    H, S = min(H, max_heads or H), min(S, max_seq or S)
+    lay = mk(S, H).to("cuda")
+    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(B, H, lay.seq_k, D, device="cuda", dtype=torch.float16) for _ in range(2))
+    return B, H, S, D, lay, q, k, v
+
+
+def spec_config(spec, D, lay):
+    """'name[:schedule]' -> sparse_attention's default config for the layout (that schedule when given)."""
+    import torch
+    from blackwell_sparsek.config import Schedule
+    from blackwell_sparsek.ops import default_config
+    sched = spec.partition(":")[2]
+    return default_config(D, torch.float16, lay, schedule=Schedule(sched) if sched else None)
+
+
+def effective_flops(B, H, D, lay):
+    """4 * B * H * D * (listed blocks * 128 * 128), per-head or shared layout."""
+    return 4 * B * D * lay.nnz * (H // lay.num_heads) * lay.block_m * lay.block_n

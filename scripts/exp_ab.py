@@ -7,16 +7,13 @@ import blackwell_sparsek as bsk
 from blackwell_sparsek.config import Schedule
 from blackwell_sparsek.ops import default_config
 from blackwell_sparsek.bench.timing import loop_bench
-from _cases import CASES
+from _cases import CASES, effective_flops, inputs
 tag = os.environ.get("BSK_AB_TAG") or os.environ.get("BSK_NVCC_FLAGS", "") or "default"
 only = os.environ.get("BSK_AB_CASES")
-cases = [(key.split("-")[0], *v) for key, v in CASES.items() if not only or key in only.split(",")]
-for name, B, H, S, D, mk in cases:
-    lay = mk(S, H).to("cuda")
-    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16)
-    k, v = (torch.randn(B, H, lay.seq_k, D, device="cuda", dtype=torch.float16) for _ in range(2))
-    blocks = lay.nnz * (H // lay.num_heads)
-    flops = 4 * B * D * blocks * 128 * 128
+for key in (key for key in CASES if not only or key in only.split(",")):
+    name = key.split("-")[0]
+    B, H, S, D, lay, q, k, v = inputs(key)
+    flops = effective_flops(B, H, D, lay)
     if name == "causal":
         flops = 2 * B * H * S * S * D  # example 88's count (dense half)
     # BSK_AB_SCHEDS="cooperative,pingpong,single:6" (schedule[:stages]); configs that do not fit are skipped

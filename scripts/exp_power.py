@@ -3,20 +3,13 @@ every 50 ms), for whatever BSK_NVCC_FLAGS selects.   python scripts/exp_power.py
 """
 import os, statistics as st, subprocess, sys, time
 import torch
-sys.path.insert(0, os.path.dirname(__file__))
 import blackwell_sparsek as bsk
-from blackwell_sparsek.config import Schedule
-from blackwell_sparsek.ops import default_config
-from _cases import CASES
+from _cases import effective_flops, inputs, spec_config
 tag = os.environ.get("BSK_AB_TAG") or os.environ.get("BSK_NVCC_FLAGS", "") or "default"
 for spec in sys.argv[1:]:
-    name, _, sched = spec.partition(":")
-    B, H, S, D, mk = CASES[name]
-    lay = mk(S, H).to("cuda")
-    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16)
-    k, v = (torch.randn(B, H, lay.seq_k, D, device="cuda", dtype=torch.float16) for _ in range(2))
-    cfg = default_config(D, torch.float16, lay, schedule=Schedule(sched) if sched else None)
-    flops = 4 * B * D * lay.nnz * (H // lay.num_heads) * 128 * 128
+    B, H, S, D, lay, q, k, v = inputs(spec.partition(":")[0])
+    cfg = spec_config(spec, D, lay)
+    flops = effective_flops(B, H, D, lay)
     fn = lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)  # noqa
     for _ in range(50):
         fn()

@@ -12,16 +12,10 @@ import ctypes, os, statistics as st, sys
 import torch
 import blackwell_sparsek as bsk
 from blackwell_sparsek import cache
-from blackwell_sparsek.config import Schedule
-from blackwell_sparsek.ops import default_config
-from _cases import CASES
+from _cases import inputs, spec_config
 for spec in sys.argv[1:]:
-    name, _, sched = spec.partition(":")
-    B, H, S, D, mk = CASES[name]
-    lay = mk(S, H).to("cuda")
-    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16)
-    k, v = (torch.randn(B, H, lay.seq_k, D, device="cuda", dtype=torch.float16) for _ in range(2))
-    cfg = default_config(D, torch.float16, lay, schedule=Schedule(sched) if sched else None)
+    B, H, S, D, lay, q, k, v = inputs(spec.partition(":")[0])
+    cfg = spec_config(spec, D, lay)
     lib = ctypes.CDLL(str(cache.ensure_built(cfg).so_path), mode=ctypes.RTLD_LOCAL)
     for _ in range(int(os.environ.get("BSK_TRACE_WARM", "20"))):
         bsk.sparse_attention(q, k, v, lay, config=cfg)

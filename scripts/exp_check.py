@@ -1,11 +1,15 @@
 """Dev: accuracy of whatever BSK_NVCC_FLAGS selects on the acceptance cases (float64 reference, poisoned output).
 
     BSK_NVCC_FLAGS=-D... python scripts/exp_check.py topk25-d64 dense-d64[:cooperative] ...
+BSK_CHECK_CTAS=N launches persistent kernels on N CTAs (default: one per SM), so each walks many rows.
 """
 import os, sys
 import blackwell_sparsek as bsk
 from blackwell_sparsek.reference import attention_reference, relative_error
 from _cases import inputs, spec_config
+if os.environ.get("BSK_CHECK_CTAS"):
+    import blackwell_sparsek.ops as ops
+    ops._sm_count = lambda index: int(os.environ["BSK_CHECK_CTAS"])
 for spec in sys.argv[1:]:
     # the float64 reference is dense: keep it small
     B, H, S, D, lay, q, k, v = inputs(spec.partition(":")[0], max_heads=2, max_seq=4096)

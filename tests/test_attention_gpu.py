@@ -94,6 +94,21 @@ def test_named_configs(name, pattern, lengths):
     _check(q, k, v, layout, config=cfg, causal=causal)
 
 
+@pytest.mark.parametrize("name", sorted(n for n, c in NAMED.items() if c.schedule is Schedule.PINGPONG))
+@pytest.mark.parametrize("pattern", ["dense", "causal", "window", "topk_per_head", "empty_rows"])
+def test_persistent_ctas_walk_many_rows(name, pattern, monkeypatch):
+    # Ping-pong CTAs are persistent and overlap one row's end with the next row's start (the next row's first tile
+    # under this row's last PV; O staged in the row's own Q slot). With 3 CTAs every CTA walks ~10 rows of every
+    # kind in a row: full, partial, one tile, empty.
+    import blackwell_sparsek.ops as ops
+    monkeypatch.setattr(ops, "_sm_count", lambda index: 3)
+    cfg = NAMED[name]
+    Sq, Sk = 517, 1000
+    layout, causal = _patterns(Sq, Sk, 3, cfg.block_m, cfg.block_n)[pattern]
+    q, k, v = _qkv(2, 3, Sq, Sk, cfg.head_dim, _TORCH[cfg.dtype.name])
+    _check(q, k, v, layout, config=cfg, causal=causal)
+
+
 @pytest.mark.parametrize("schedule", [Schedule.COOPERATIVE, Schedule.PINGPONG, Schedule.SINGLE])
 def test_gqa_bshd_and_causal_rectangular(schedule):
     # GQA (8 query heads over 2 K/V heads), (B, S, H, D) storage, causal with seq_q < seq_k and seq_q > seq_k.

@@ -69,6 +69,16 @@ for spec in sys.argv[1:]:
           f"end min/median/max {(end.min() - t0).item() / 1e3:6.1f} / {(end.median() - t0).item() / 1e3:6.1f} / "
           f"{(end.max() - t0).item() / 1e3:6.1f} us  (idle after own end: {((end.max() - end).double().mean() / (end.max() - t0).double()).item() * 100:4.1f} %)  "
           f"SM clock {mhz:5.0f} MHz", flush=True)
+    # Persistent CTAs: c takes tiles c, c + grid, ...; among the CTAs with the most rows, how their ends spread
+    # (rows alike, so the spread is the CTAs' speed, which a static schedule cannot even out).
+    grid = sp.shape[0]
+    tiles = B * H * lay.n_qblocks
+    if cfg.schedule.value == "pingpong" and tiles > grid:
+        nrow = torch.tensor([len(range(c, tiles, grid)) for c in range(grid)])
+        e = ((end - t0)[nrow == nrow.max()].double() / 1e3).sort().values
+        qs = [e[int(f * (len(e) - 1))].item() for f in (0.0, 0.1, 0.5, 0.9, 1.0)]
+        print(f"  CTAs with {int(nrow.max())} rows ({len(e)}): end min/p10/median/p90/max "
+              + " / ".join(f"{x:6.1f}" for x in qs) + " us", flush=True)
     # Inside the loop (the CTA's second row, tiles 2 .. n-2), per MMA warpgroup: QK_j issued -> QK_j done (the
     # previous tile's PV is issued in between and may still run), -> softmax done and P written (after waiting for
     # that PV), -> next QK issued (K wait); warpgroup 1's QK issue after warpgroup 0's.

@@ -97,9 +97,10 @@ def test_named_configs(name, pattern, lengths):
 @pytest.mark.parametrize("name", sorted(n for n, c in NAMED.items() if c.schedule is Schedule.PINGPONG))
 @pytest.mark.parametrize("pattern", ["dense", "causal", "window", "topk_per_head", "empty_rows"])
 def test_persistent_ctas_walk_many_rows(name, pattern, monkeypatch):
-    # Ping-pong CTAs are persistent and overlap one row's end with the next row's start (the next row's first tile
-    # under this row's last PV; O staged in the row's own Q slot). With 3 CTAs every CTA walks ~10 rows of every
-    # kind in a row: full, partial, one tile, empty.
+    # Ping-pong CTAs are persistent: each walks its query tiles in turn (the K/V ring and the Q slots carry over
+    # from row to row, the epilogue's O buffer is reused once its store has read it). With 3 CTAs every CTA walks
+    # ~10 rows of every kind one after another: full, partial, one tile, empty (at one CTA per SM most small
+    # problems give a CTA one row).
     import blackwell_sparsek.ops as ops
     monkeypatch.setattr(ops, "_sm_count", lambda index: 3)
     cfg = NAMED[name]

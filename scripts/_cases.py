@@ -36,5 +36,7 @@ def spec_config(spec, D, lay):
 
 
 def effective_flops(B, H, D, lay):
-    """4 * B * H * D * (listed blocks * 128 * 128), per-head or shared layout."""
-    return 4 * B * D * lay.nnz * (H // lay.num_heads) * lay.block_m * lay.block_n
+    """4 * B * H * D * (listed blocks * block_m * block_n), per-head or shared layout: the bench's count."""
+    from blackwell_sparsek.bench import metrics
+    pairs = metrics.block_pairs_total(lay.nnz, lay.num_heads, B, H)
+    return metrics.effective_flops(pairs, lay.block_m, lay.block_n, D)

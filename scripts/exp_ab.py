@@ -6,6 +6,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import blackwell_sparsek as bsk
 from blackwell_sparsek.config import Schedule
 from blackwell_sparsek.ops import default_config
+from blackwell_sparsek.bench import metrics
 from blackwell_sparsek.bench.timing import loop_bench
 from _cases import CASES, effective_flops, inputs
 tag = os.environ.get("BSK_AB_TAG") or os.environ.get("BSK_NVCC_FLAGS", "") or "default"
@@ -15,7 +16,7 @@ for key in (key for key in CASES if not only or key in only.split(",")):
     B, H, S, D, lay, q, k, v = inputs(key)
     flops = effective_flops(B, H, D, lay)
     if name == "causal":
-        flops = 2 * B * H * S * S * D  # example 88's count (dense half)
+        flops = metrics.dense_flops(B, H, S, S, D, causal=True)  # example 88's count (dense half)
     # BSK_AB_SCHEDS="cooperative,pingpong,single:6" (schedule[:stages]); configs that do not fit are skipped
     for spec in os.environ.get("BSK_AB_SCHEDS", "cooperative,pingpong").split(","):
         sname, _, st = spec.partition(":")

@@ -138,9 +138,10 @@ def _check_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.data_ptr() % 16:
             raise InputError(f"{name} data pointer is not 16-byte aligned (a sliced view?); pass {name}.clone()")
+        st, shape, es = t.stride(), t.shape, t.element_size()
         for d in range(3):
-            if t.stride(d) * t.element_size() % 16 and t.shape[d] > 1:
-                raise InputError(f"{name} stride {t.stride()} along dim {d} is not a multiple of 16 bytes; "
+            if st[d] * es % 16 and shape[d] > 1:
+                raise InputError(f"{name} stride {st} along dim {d} is not a multiple of 16 bytes; "
                                  f"pass {name}.contiguous()")
 
 
@@ -167,12 +168,11 @@ def _poison() -> bool:
     return os.environ.get("BSK_POISON", "") not in ("", "0")
 
 
-@torch.library.custom_op("blackwell_sparsek::attn_fwd", mutates_args=())
-def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.Tensor, col_idx: torch.Tensor,
-              block_kind: torch.Tensor, row_order: torch.Tensor, meta: list[int], scale: float,
-              config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """meta = [window_left, window_right, n_kblocks, rank_major] of the layout (rank_major = rows differ in
-    length: order tiles heaviest-first across heads)."""
+def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.Tensor, col_idx: torch.Tensor,
+                   block_kind: torch.Tensor, row_order: torch.Tensor, meta: list[int], scale: float,
+                   config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's CUDA implementation. meta = [window_left, window_right, n_kblocks, rank_major] of the layout
+    (rank_major = rows differ in length: order tiles heaviest-first across heads)."""
     _check_tma(q, k, v)
     kernel = _kernel_for(config_json)
     B, H, Sq, D = q.shape
@@ -181,28 +181,49 @@ def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.
     if _poison():
         o.fill_(float("nan"))
         lse.fill_(float("nan"))
+    dev = q.device.index
+    qs, ks, vs, os_, ls = q.stride(), k.stride(), v.stride(), o.stride(), lse.stride()
     args = kernel.Args(
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr(),
         row_ptr=row_ptr.data_ptr(), col_idx=col_idx.data_ptr(), block_kind=block_kind.data_ptr(),
         row_order=row_order.data_ptr(),
         batch=B, heads=H, heads_kv=k.shape[1], seq_q=Sq, seq_k=k.shape[2], head_dim=D,
-        q_stride_b=q.stride(0), q_stride_h=q.stride(1), q_stride_s=q.stride(2),
-        k_stride_b=k.stride(0), k_stride_h=k.stride(1), k_stride_s=k.stride(2),
-        v_stride_b=v.stride(0), v_stride_h=v.stride(1), v_stride_s=v.stride(2),
-        o_stride_b=o.stride(0), o_stride_h=o.stride(1), o_stride_s=o.stride(2),
-        lse_stride_b=lse.stride(0), lse_stride_h=lse.stride(1),
+        q_stride_b=qs[0], q_stride_h=qs[1], q_stride_s=qs[2],
+        k_stride_b=ks[0], k_stride_h=ks[1], k_stride_s=ks[2],
+        v_stride_b=vs[0], v_stride_h=vs[1], v_stride_s=vs[2],
+        o_stride_b=os_[0], o_stride_h=os_[1], o_stride_s=os_[2],
+        lse_stride_b=ls[0], lse_stride_h=ls[1],
         layout_heads=row_ptr.shape[0], n_qblocks=row_ptr.shape[1] - 1, n_kblocks=meta[2],
         row_ptr_stride=row_ptr.stride(0), col_stride=col_idx.stride(0),
         window_left=meta[0], window_right=meta[1],
-        scale=scale, sm_count=_sm_count(q.device.index), rank_major=meta[3],
+        scale=scale, sm_count=_sm_count(dev), rank_major=meta[3],
     )
-    dev = q.device.index
-    if dev is None or dev == torch.cuda.current_device():
-        kernel.launch(args, torch.cuda.current_stream().cuda_stream)
+    # on q's device and torch's current stream there (the raw handle of torch.cuda.current_stream(dev))
+    if dev == torch.cuda.current_device():
+        kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
     else:
         with torch.cuda.device(dev):
-            kernel.launch(args, torch.cuda.current_stream().cuda_stream)
+            kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
     return o, lse
+
+
+@torch.library.custom_op("blackwell_sparsek::attn_fwd", mutates_args=())
+def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.Tensor, col_idx: torch.Tensor,
+              block_kind: torch.Tensor, row_order: torch.Tensor, meta: list[int], scale: float,
+              config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-sparse attention forward (see _attn_fwd_impl)."""
+    return _attn_fwd_impl(q, k, v, row_ptr, col_idx, block_kind, row_order, meta, scale, config_json)
+
+
+def _direct_call_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Eager calls skip the dispatcher (tens of microseconds a call on a slow host, as much as a short kernel)
+    when it would only forward to _attn_fwd_impl: plain tensors, no TorchDispatchMode or TorchFunctionMode
+    active, and no input that needs autograd (the op has no backward: the dispatcher path reports that)."""
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        return False
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
 
 
 @_attn_fwd.register_fake
@@ -260,16 +281,38 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
         if not q.is_cuda:
             _fallback_warning("the inputs are not on a CUDA device")
             return _reference(q, k, v, layout, scale, return_lse)
-        cfg = _resolve_config(config, D, q.dtype, layout)
-        if config is None and not _kernel_available(cfg):
+        plan = _eager_plan(layout, config, D, q.dtype, q.device)
+        if plan is None:
             _fallback_warning("no nvcc to build the kernel and no cached build")
             return _reference(q, k, v, layout, scale, return_lse)
-        cfg_json = _json(cfg)
-        lay = layout.to(q.device)
-    o, lse = _attn_fwd(q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(),
-                       [lay.window_left, lay.window_right, lay.n_kblocks, int(not lay.uniform_rows())], scale,
+        cfg_json, lay = plan
+        if _direct_call_ok(q, k, v):
+            o, lse = _attn_fwd_impl(q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(),
+                                    _meta(lay), scale, cfg_json)
+            return (o, lse) if return_lse else o
+    o, lse = _attn_fwd(q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(), _meta(lay), scale,
                        cfg_json)
     return (o, lse) if return_lse else o
+
+
+def _meta(lay) -> list[int]:
+    return [lay.window_left, lay.window_right, lay.n_kblocks, int(not lay.uniform_rows())]
+
+
+def _eager_plan(layout, config, head_dim: int, dtype: torch.dtype, device: torch.device):
+    """(config JSON, layout on the device) for an eager call, or None when the kernel cannot be had (fallback).
+    Kept in the layout's cache per (config, head_dim, dtype, device) when config is None, a name or a Schedule, so
+    a repeated call skips the config choice (an AttentionConfig object is checked on every call)."""
+    key = ("plan", config, head_dim, dtype, device) if config is None or isinstance(config, (str, Schedule)) else None
+    got = layout._cache.get(key) if key is not None else None
+    if got is None:
+        cfg = _resolve_config(config, head_dim, dtype, layout)
+        if config is None and not _kernel_available(cfg):
+            return None
+        got = (_json(cfg), layout.to(device))
+        if key is not None:
+            layout._cache[key] = got
+    return got
 
 
 @torch.compiler.assume_constant_result

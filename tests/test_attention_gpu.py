@@ -168,6 +168,34 @@ def test_stream_is_torch_current_stream():
     assert relative_error(o, ref) <= TOL
 
 
+def test_eager_call_skips_the_dispatcher_with_the_same_result():
+    # Plain eager calls run the op's implementation directly; under a TorchDispatchMode (or with autograd inputs)
+    # they go through torch.ops.blackwell_sparsek.attn_fwd. Same kernel, same inputs: the same bits.
+    from torch.utils._python_dispatch import TorchDispatchMode
+    import blackwell_sparsek.ops as ops
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = _qkv(1, 2, 640, 640, 128, torch.float16)
+    lay = L.random_topk(seq_q=640, k=2, seed=5).to("cuda")
+    o = bsk.sparse_attention(q, k, v, lay)
+    cfg_json, dlay = lay._cache[("plan", None, 128, torch.float16, q.device)]  # the cached config choice
+    o_op, _ = torch.ops.blackwell_sparsek.attn_fwd(q, k, v, dlay.row_ptr, dlay.col_idx, dlay.block_kind,
+                                                   dlay.row_order(), ops._meta(dlay), 1 / math.sqrt(128), cfg_json)
+    with Log() as log:
+        o_mode = bsk.sparse_attention(q, k, v, lay)
+    assert "blackwell_sparsek.attn_fwd.default" in log.ops
+    assert torch.equal(o, o_op) and torch.equal(o, o_mode)
+    assert relative_error(o, attention_reference(q, k, v, lay)[0]) <= TOL
+
+
 def test_bad_inputs_raise_typed_errors():
     q, k, v = _qkv(1, 2, 256, 256, 128, torch.float16)
     lay = L.dense(seq_q=256)

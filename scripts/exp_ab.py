@@ -1,4 +1,5 @@
-"""Dev A/B: the acceptance shapes for whatever BSK_NVCC_FLAGS selects; sustained (do_bench) and burst protocols."""
+"""Dev A/B: the acceptance shapes for whatever BSK_NVCC_FLAGS selects; sustained (do_bench) and burst protocols.
+BSK_AB_GRAPH=1: do_bench of a CUDA graph of 10 calls instead (kernel time, no host path in it)."""
 import dataclasses, os, sys
 import torch
 from triton.testing import do_bench
@@ -29,6 +30,17 @@ for key in (key for key in CASES if not only or key in only.split(",")):
         if cfg.problems():
             continue
         fn = lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)  # noqa
+        if os.environ.get("BSK_AB_GRAPH"):  # kernel time only: 10 calls replayed from a CUDA graph
+            fn()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(10):
+                    fn()
+            ms = do_bench(g.replay, warmup=50, rep=300, return_mode="median") / 10
+            print(f"{tag:10s} {name:7s} B{B} H{H} S{S} D{D} {sched.value[:6]}/s{cfg.stages} graph {flops/ms/1e9:6.1f} "
+                  f"TFLOPS", flush=True)
+            continue
         ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
         bt = loop_bench(fn, n=20, reps=3, idle_s=1.0).median_ms
         print(f"{tag:10s} {name:7s} B{B} H{H} S{S} D{D} {sched.value[:6]}/s{cfg.stages} sustained {flops/ms/1e9:6.1f}  "

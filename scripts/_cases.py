@@ -35,6 +35,20 @@ def spec_config(spec, D, lay):
     return default_config(D, torch.float16, lay, schedule=Schedule(sched) if sched else None)
 
 
+def graph_ms(fn, calls=1):
+    """Milliseconds per call of ``fn`` replayed from a CUDA graph of ``calls`` calls (do_bench median): the kernel
+    time without the host path."""
+    import torch
+    from triton.testing import do_bench
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return do_bench(g.replay, warmup=50, rep=300, return_mode="median") / calls
+
+
 def effective_flops(B, H, D, lay):
     """4 * B * H * D * (listed blocks * block_m * block_n), per-head or shared layout: the bench's count."""
     from blackwell_sparsek.bench import metrics

@@ -9,7 +9,7 @@ from blackwell_sparsek.config import Schedule
 from blackwell_sparsek.ops import default_config
 from blackwell_sparsek.bench import metrics
 from blackwell_sparsek.bench.timing import loop_bench
-from _cases import CASES, effective_flops, inputs
+from _cases import CASES, effective_flops, graph_ms, inputs
 tag = os.environ.get("BSK_AB_TAG") or os.environ.get("BSK_NVCC_FLAGS", "") or "default"
 only = os.environ.get("BSK_AB_CASES")
 for key in (key for key in CASES if not only or key in only.split(",")):
@@ -31,13 +31,7 @@ for key in (key for key in CASES if not only or key in only.split(",")):
             continue
         fn = lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)  # noqa
         if os.environ.get("BSK_AB_GRAPH"):  # kernel time only: 10 calls replayed from a CUDA graph
-            fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(10):
-                    fn()
-            ms = do_bench(g.replay, warmup=50, rep=300, return_mode="median") / 10
+            ms = graph_ms(fn, calls=10)
             print(f"{tag:10s} {name:7s} B{B} H{H} S{S} D{D} {sched.value[:6]}/s{cfg.stages} graph {flops/ms/1e9:6.1f} "
                   f"TFLOPS", flush=True)
             continue

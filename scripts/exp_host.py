@@ -9,8 +9,8 @@ L = bsk.BlockSparseLayout
 q, k, v = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
 lay = L.dense(128).to("cuda")
 cfg = ops.default_config(64, torch.float16, lay)
-meta = [lay.window_left, lay.window_right, lay.n_kblocks, int(not lay.uniform_rows())]
-op_args = (q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(), meta, 1 / math.sqrt(64), cfg.to_json())
+op_args = (q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(), ops._meta(lay), 1 / math.sqrt(64),
+           cfg.to_json())
 
 
 def per_call_us(fn, n=3000):

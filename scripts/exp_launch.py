@@ -1,10 +1,12 @@
 """Dev: host overhead. 25 % top-k at (1, H, 8192, D) for several H: do_bench of the op and of a CUDA graph replay of
 it (no host overhead), and a straight-line fit time = a + b * H. The intercept a mixes in wave quantization (rows per
 CTA), so it is not a launch cost; exp_trace.py's launch span measures that directly."""
-import sys
+import os, sys
 import torch
 from triton.testing import do_bench
 import blackwell_sparsek as bsk
+sys.path.insert(0, os.path.dirname(__file__))
+from _cases import graph_ms
 L = bsk.BlockSparseLayout
 D = int(sys.argv[1]) if len(sys.argv) > 1 else 64
 pts = []
@@ -13,11 +15,7 @@ for H in (4, 8, 16, 32):
     q, k, v = (torch.randn(1, H, 8192, D, device="cuda", dtype=torch.float16) for _ in range(3))
     f = lambda: bsk.sparse_attention(q, k, v, lay)  # noqa
     ms = do_bench(f, warmup=50, rep=300, return_mode="median")
-    f(); torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        f()
-    msg = do_bench(g.replay, warmup=50, rep=300, return_mode="median")
+    msg = graph_ms(f)
     flops = 4 * D * lay.nnz * 128 * 128
     pts.append((H, msg))
     print(f"D{D} H{H:3d}: op {ms * 1e3:8.1f} us ({flops / ms / 1e9:5.1f} TFLOPS)  graph {msg * 1e3:8.1f} us "

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import blackwell_sparsek as bsk
+import blackwell_sparsek.ops as ops
 from blackwell_sparsek.ops import default_config
 from blackwell_sparsek.config import AttentionConfig, Schedule, load_named_configs
 from blackwell_sparsek.errors import InputError, LayoutError, InvalidConfigError
@@ -101,7 +102,6 @@ def test_persistent_ctas_walk_many_rows(name, pattern, monkeypatch):
     # from row to row, the epilogue's O buffer is reused once its store has read it). With 3 CTAs every CTA walks
     # ~10 rows of every kind one after another: full, partial, one tile, empty (at one CTA per SM most small
     # problems give a CTA one row).
-    import blackwell_sparsek.ops as ops
     monkeypatch.setattr(ops, "_sm_count", lambda index: 3)
     cfg = NAMED[name]
     Sq, Sk = 517, 1000
@@ -172,7 +172,6 @@ def test_eager_call_skips_the_dispatcher_with_the_same_result():
     # Plain eager calls run the op's implementation directly; under a TorchDispatchMode (or with autograd inputs)
     # they go through torch.ops.blackwell_sparsek.attn_fwd. Same kernel, same inputs: the same bits.
     from torch.utils._python_dispatch import TorchDispatchMode
-    import blackwell_sparsek.ops as ops
 
     class Log(TorchDispatchMode):
         def __init__(self):
@@ -216,8 +215,7 @@ def test_opcheck_and_torch_compile():
     q, k, v = _qkv(1, 2, 384, 384, 128, torch.float16)
     lay = L.sliding_window(seq_q=384, window=200).to("cuda")
     cfg = default_config(128, torch.float16, lay)
-    args = (q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(),
-            [lay.window_left, lay.window_right, lay.n_kblocks, int(not lay.uniform_rows())], 1.0 / math.sqrt(128),
+    args = (q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(), ops._meta(lay), 1.0 / math.sqrt(128),
             cfg.to_json())
     torch.library.opcheck(torch.ops.blackwell_sparsek.attn_fwd.default, args)
 

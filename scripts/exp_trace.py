@@ -69,6 +69,15 @@ for spec in sys.argv[1:]:
           f"end min/median/max {(end.min() - t0).item() / 1e3:6.1f} / {(end.median() - t0).item() / 1e3:6.1f} / "
           f"{(end.max() - t0).item() / 1e3:6.1f} us  (idle after own end: {((end.max() - end).double().mean() / (end.max() - t0).double()).item() * 100:4.1f} %)  "
           f"SM clock {mhz:5.0f} MHz", flush=True)
+    # Where a CTA's cycles go: start -> first row's entry, the first row (cold K/V, both warpgroups starting
+    # together) against the median row, the rest; medians over CTAs.
+    cyc = (torch.maximum(sp[:, 3], sp[:, 5]) - sp[:, 1])[:C].double()
+    ramp = (t[:, 0, 0] - sp[:C, 1]).double()
+    first_row = (t[:, 1, 0] - t[:, 0, 0]).double()
+    nrows = (t[:, :, 0] > 0).sum(1).double()
+    print(f"  CTA cycles {cyc.median().item():8.0f}: start->row 0 entry {ramp.median().item():6.0f}  row 0 "
+          f"{first_row.median().item():7.0f} (median row {period:7.0f})  rows {nrows.median().item():4.1f} x period = "
+          f"{(nrows * period).median().item():8.0f}", flush=True)
     # Persistent CTAs: c takes tiles c, c + grid, ...; among the CTAs with the most rows, how their ends spread
     # (rows alike, so the spread is the CTAs' speed, which a static schedule cannot even out).
     grid = sp.shape[0]

@@ -78,6 +78,11 @@ for spec in sys.argv[1:]:
     print(f"  CTA cycles {cyc.median().item():8.0f}: start->row 0 entry {ramp.median().item():6.0f}  row 0 "
           f"{first_row.median().item():7.0f} (median row {period:7.0f})  rows {nrows.median().item():4.1f} x period = "
           f"{(nrows * period).median().item():8.0f}", flush=True)
+    m0 = lambda a, b: (t[:, 0, b] - t[:, 0, a]).double().median().item()  # noqa: row 0's phases
+    print(f"  row 0: qwait {m0(0, 1):6.0f}  first {m0(1, 2):6.0f}  loop {m0(2, 3):8.0f} "
+          f"({m0(2, 3) / max(ntile - 1, 1):6.0f}/tile)  entry->row_ptr {m0(0, 9):6.0f}  ->col chunk {m0(9, 10):6.0f}  "
+          f"wg1 entry-wg0 {m0(0, 4):6.0f}  after {(t[:, 1, 0] - t[:, 0, 3]).double().median().item():6.0f}",
+          flush=True)
     # Persistent CTAs: c takes tiles c, c + grid, ...; among the CTAs with the most rows, how their ends spread
     # (rows alike, so the spread is the CTAs' speed, which a static schedule cannot even out).
     grid = sp.shape[0]

@@ -5,7 +5,8 @@ Medians over CTAs and rows (first and last row of each CTA left out) of: the row
 tile, the loop's cycles per tile, what follows the loop (tail, epilogue, next tile's lookup), the epilogue's phases
 for both MMA warpgroups, and the producer; inside the loop, per tile and warpgroup, the QK wait, the softmax (and
 the previous PV's wait) and the next QK's issue. Then the launch as a whole (globaltimer): CTA start spread, when CTAs end
-against the last one (the partial last wave), and the SM clock (clock64 over globaltimer). BSK_TRACE_WARM=N sets the
+against the last one (the partial last wave), and the SM clock (clock64 over globaltimer); a CTA's cycles: prologue,
+its first row (cold loads) against the median row, and that row's phases. BSK_TRACE_WARM=N sets the
 warm-up launches before the traced one (default 20; a few hundred to see the clock under sustained load).
 """
 import ctypes, os, statistics as st, sys
@@ -74,7 +75,7 @@ for spec in sys.argv[1:]:
     cyc = (torch.maximum(sp[:, 3], sp[:, 5]) - sp[:, 1])[:C].double()
     ramp = (t[:, 0, 0] - sp[:C, 1]).double()
     first_row = (t[:, 1, 0] - t[:, 0, 0]).double()
-    nrows = (t[:, :, 0] > 0).sum(1).double()
+    nrows = (t[:, :, 0] > 0).sum(1).double()  # rows stamped (at most kTraceRows = 24)
     print(f"  CTA cycles {cyc.median().item():8.0f}: start->row 0 entry {ramp.median().item():6.0f}  row 0 "
           f"{first_row.median().item():7.0f} (median row {period:7.0f})  rows {nrows.median().item():4.1f} x period = "
           f"{(nrows * period).median().item():8.0f}", flush=True)

@@ -276,7 +276,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
             raise LayoutError(f"under torch.compile the layout must already be on {q.device}: call "
                               f"layout.to({str(q.device)!r}) once before the compiled function")
         cfg_json = _config_json_const(config, D, q.dtype, layout.block_m, layout.block_n, layout.balanced_rows())
-        lay = layout
+        lay, fwd = layout, _attn_fwd
     else:
         if not q.is_cuda:
             _fallback_warning("the inputs are not on a CUDA device")
@@ -286,12 +286,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
             _fallback_warning("no nvcc to build the kernel and no cached build")
             return _reference(q, k, v, layout, scale, return_lse)
         cfg_json, lay = plan
-        if _direct_call_ok(q, k, v):
-            o, lse = _attn_fwd_impl(q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(),
-                                    _meta(lay), scale, cfg_json)
-            return (o, lse) if return_lse else o
-    o, lse = _attn_fwd(q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(), _meta(lay), scale,
-                       cfg_json)
+        fwd = _attn_fwd_impl if _direct_call_ok(q, k, v) else _attn_fwd  # the op's body, or through the dispatcher
+    o, lse = fwd(q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(), _meta(lay), scale, cfg_json)
     return (o, lse) if return_lse else o
 
 

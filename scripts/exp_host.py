@@ -27,15 +27,14 @@ def per_call_us(fn, n=3000):
 print(f"{torch.cuda.get_device_name()}: host us per call (one-tile problem)")
 print(f"  sparse_attention          {per_call_us(lambda: bsk.sparse_attention(q, k, v, lay)):7.1f}")
 print(f"  torch.ops attn_fwd        {per_call_us(lambda: torch.ops.blackwell_sparsek.attn_fwd(*op_args)):7.1f}")
-if hasattr(ops, "_attn_fwd_impl"):
-    print(f"  ops._attn_fwd_impl        {per_call_us(lambda: ops._attn_fwd_impl(*op_args)):7.1f}")
-    kernel = ops._kernel_for(cfg.to_json())
-    got = []
-    real = kernel.launch
-    kernel.launch = lambda *a: got.append(a)
-    ops._attn_fwd_impl(*op_args)
-    kernel.launch = real
-    print(f"  kernel.launch alone       {per_call_us(lambda: kernel.launch(*got[0])):7.1f}")
+print(f"  ops._attn_fwd_impl        {per_call_us(lambda: ops._attn_fwd_impl(*op_args)):7.1f}")
+kernel = ops._kernel_for(cfg.to_json())
+got = []
+real = kernel.launch
+kernel.launch = lambda *a: got.append(a)
+ops._attn_fwd_impl(*op_args)
+kernel.launch = real
+print(f"  kernel.launch alone       {per_call_us(lambda: kernel.launch(*got[0])):7.1f}")
 print(f"  torch.empty_like x2       {per_call_us(lambda: (torch.empty_like(q), torch.empty_like(q))):7.1f}")
 pr = cProfile.Profile()
 pr.enable()

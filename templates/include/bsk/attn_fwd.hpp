@@ -548,15 +548,19 @@ struct BsrMainloop
       read_v = smem_pipe_read;
       ++smem_pipe_read;
     };
-    // Tile j >= 1 after its QK has been issued (and PV_{j-1} after it).
-    auto finish = [&](auto masked, auto& acc_qk, int k0, int kind) {
-      constexpr bool kMasked = decltype(masked)::value;
+    // QK of the tile is done (waited for with `pending` GEMMs still in flight) and K's ring slot goes back.
+    auto qk_done = [&](auto pending, auto& acc_qk) {
       PipelineState read_k = smem_pipe_read;
       ++smem_pipe_read;
-      warpgroup_wait<1>();  // QK_j (PV_{j-1} may still run)
+      warpgroup_wait<decltype(pending)::value>();
       warpgroup_fence_operand(acc_qk);
       BSK_TL(tr_on, tr_wg, tr_row, tr_j, 1);
       pipeline.consumer_release(read_k);
+    };
+    // Tile j >= 1 after its QK has been issued (and PV_{j-1} after it).
+    auto finish = [&](auto masked, auto& acc_qk, int k0, int kind) {
+      constexpr bool kMasked = decltype(masked)::value;
+      qk_done(cute::Int<1>{}, acc_qk);  // QK_j (PV_{j-1} may still run)
       if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
       bool rescale = softmax_rescale_step<(HeadDim > 64)>(acc_qk, tiled_mma_qk, softmax_state,
                                                           params.scale_softmax_log2, corr);
@@ -570,15 +574,10 @@ struct BsrMainloop
 
     {
       auto acc_qk = issue_qk(cute::true_type{});
-      PipelineState read_k = smem_pipe_read;
-      ++smem_pipe_read;
       int col, kind;
-      cursor.at(0, col, kind);
+      cursor.at(0, col, kind);  // the kind's global load overlaps QK_0
       BSK_TR(tr_on && !tr_wg && kind >= 0, 0, 10, false);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_qk);
-      BSK_TL(tr_on, tr_wg, tr_row, tr_j, 1);
-      pipeline.consumer_release(read_k);
+      qk_done(cute::Int<0>{}, acc_qk);
       if (kind != kBlockFull) Common::apply_mask(acc_qk, tPcP, q0, col * BlockN, kind, problem_size, params.bsr);
       softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
       to_p(acc_qk);

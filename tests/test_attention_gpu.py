@@ -110,6 +110,25 @@ def test_persistent_ctas_walk_many_rows(name, pattern, monkeypatch):
     _check(q, k, v, layout, config=cfg, causal=causal)
 
 
+@pytest.mark.parametrize("name", sorted(NAMED))
+@pytest.mark.parametrize("growth", ["mild", "ramp", "step"])
+def test_running_max_grows_across_tiles(name, growth):
+    # Later key blocks score far above the first ones, so a row's running max keeps growing: the softmax steps that
+    # keep a stale max (lazy rescale, exp2 before the max) must notice and rescale. "mild": one jump of ~11 in
+    # log2 units (near the threshold); "ramp": ~25 per tile; "step": ~200 at the second block, which overflows
+    # exp2 against the first block's max.
+    cfg = NAMED[name]
+    Sq, Sk = 517, 1000
+    q, k, v = _qkv(1, 2, Sq, Sk, cfg.head_dim, _TORCH[cfg.dtype.name])
+    pos = torch.arange(Sk, device="cuda", dtype=torch.float32)
+    later = (pos >= cfg.block_n).float()
+    gain = {"mild": 1 + 3 * later, "ramp": 60 ** (pos / Sk), "step": 1 + 59 * later}[growth]
+    k = (k.float() * gain[:, None]).to(k.dtype)
+    layout, causal = _patterns(Sq, Sk, 2, cfg.block_m, cfg.block_n)["topk_per_head"]
+    _check(q, k, v, L.dense(seq_q=Sq, seq_k=Sk, block_m=cfg.block_m, block_n=cfg.block_n), config=cfg)
+    _check(q, k, v, layout, config=cfg, causal=causal)
+
+
 @pytest.mark.parametrize("schedule", [Schedule.COOPERATIVE, Schedule.PINGPONG, Schedule.SINGLE])
 def test_gqa_bshd_and_causal_rectangular(schedule):
     # GQA (8 query heads over 2 K/V heads), (B, S, H, D) storage, causal with seq_q < seq_k and seq_q > seq_k.

@@ -151,17 +151,24 @@ struct BsrRowCursor {
 
 // Online-softmax step for every tile after the first (the first tile and the tail use example 88's
 // CollectiveSoftmax): new row max (thread-local, then across the threads that share a row), the running sum
-// rescaled by corr = 2^((old max - new max) * scale), P = 2^(s * scale - max * scale) written over S. Returns
-// whether O must be rescaled by corr (rescale_o), which the caller does once the PV GEMM in flight has completed.
-// kLazy (head_dim > 64): a warp rescales only when one of its rows' max has grown by more than 2^kLazyLog2 since its
-// last rescale; otherwise it keeps the stale max, so P <= 2^kLazyLog2 (fine in 16 bits) and the tail normalizes with
-// the same max: exact, minus most of the O rescales (with random data, all after the first few tiles). At
-// head_dim 64 the eager form measured faster (docs/perf_notes.md has both A/Bs).
+// rescaled by corr = 2^((old max - new max) * scale), P = 2^(s * scale - max * scale). Returns whether O must be
+// rescaled by corr (rescale_o), which the caller does once the PV GEMM in flight has completed. Modes:
+// * kEager: every tile takes its new max; P written over S.
+// * kLazy: a warp rescales only when one of its rows' max has grown by more than 2^kLazyLog2 since its last
+//   rescale; otherwise it keeps the stale max, so P <= 2^kLazyLog2 (fine in 16 bits) and the tail normalizes with
+//   the same max: exact, minus most of the O rescales (with random data, all after the first few tiles). P over S.
+// * kSpec: P = 2^(s * scale - stale max * scale) straight away (no max first: the exp2 stream starts when QK is
+//   done), written as Element into p (S kept); a warp whose rows' partial sums stay <= kSpecMaxSum (so every
+//   P <= 2^12; the test also fails for inf/NaN) keeps it. Otherwise (and for rows with no finite max yet) the
+//   eager step runs from S into p. Exact like kLazy; no max, shuffles or O rescale on the common path.
+enum class SoftmaxMode { kEager, kLazy, kSpec };
 constexpr float kLazyLog2 = 8.f;
-template <bool kLazy, class AccQK, class TiledMmaQK, class State, class Corr>
+constexpr float kSpecMaxSum = 4096.f;  // 2^12
+template <SoftmaxMode kMode, class AccQK, class TiledMmaQK, class State, class Corr, class PFrag>
 CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, State& state,
-                                         float scale_log2, Corr& corr) {
+                                         float scale_log2, Corr& corr, PFrag& p_frag) {
   Tensor s = make_tensor(acc_qk.data(), fmha_c::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
+  Tensor p = make_tensor(p_frag.data(), s.layout());  // kSpec's destination (same element order as S)
   auto red = fmha_c::reduction_target_n(tiled_mma_qk);
   constexpr int kRanks = decltype(rank(red))::value;
   constexpr int kRows = decltype(size<0>(s))::value;
@@ -183,18 +190,38 @@ CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
     corr[i] = ::exp2f((prev - (mx == -INFINITY ? 0.f : mx)) * scale_log2);
     row_sum(i) *= corr[i];
   };
+  // Row i's P for the current row max; returns the row's partial sum (not yet added to row_sum).
   auto exponentiate = [&](int i) {
     float sub = (row_max(i) == -INFINITY ? 0.f : row_max(i)) * scale_log2;
     float sum = 0.f;
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < size<1>(s); ++j) {
       float e = ::exp2f(fmaf(s(i, j), scale_log2, -sub));
-      s(i, j) = e;
+      if constexpr (kMode == SoftmaxMode::kSpec) p(i, j) = static_cast<typename PFrag::value_type>(e);
+      else s(i, j) = e;
       sum += e;
     }
-    row_sum(i) += sum;
+    return sum;
   };
-  if constexpr (kLazy) {
+  if constexpr (kMode == SoftmaxMode::kSpec) {
+    float sum[kRows];
+    bool keep = true;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      sum[i] = exponentiate(i);
+      keep &= sum[i] <= kSpecMaxSum && row_max(i) != -INFINITY;
+    }
+    bool redo = !__all_sync(0xffffffffu, keep);
+    if (redo) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kRows; ++i) rescale(i, tile_max(i));
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kRows; ++i) sum[i] = exponentiate(i);
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) row_sum(i) += sum[i];
+    return redo;
+  } else if constexpr (kMode == SoftmaxMode::kLazy) {
     float mx[kRows];
     bool grow = false;
     CUTLASS_PRAGMA_UNROLL
@@ -208,13 +235,13 @@ CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
       for (int i = 0; i < kRows; ++i) rescale(i, mx[i]);
     }
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kRows; ++i) exponentiate(i);
+    for (int i = 0; i < kRows; ++i) row_sum(i) += exponentiate(i);
     return any;
   } else {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kRows; ++i) {
       rescale(i, tile_max(i));
-      exponentiate(i);
+      row_sum(i) += exponentiate(i);
     }
     return true;
   }
@@ -394,6 +421,23 @@ struct BsrMainloop
   static_assert(TileM == 64 * NumMmaWarpGroups, "one 64-row WGMMA tile per MMA warpgroup");
   static_assert(BlockM % TileM == 0 && BlockN % TileN == 0, "layout blocks are whole kernel tiles");
   static constexpr int kTilesPerBlockN = BlockN / TileN;
+  // Softmax step (softmax_rescale_step): kSpec where its second P fragment fits the registers (head_dim 128;
+  // at 256 ptxas spills), kLazy above that, kEager at 64 (kSpec measured 11-14 % slower there: the two MMA
+  // warpgroups fall into step). kOrderTiles: the MMA warpgroups issue their tile GEMMs in turn (the order
+  // barrier, every tile): with kSpec the cooperative kernel needs it (causal -9 % without, +5 to +12 % with), the
+  // persistent one runs ~1 % faster without. docs/perf_notes.md has the A/Bs. BSK_SOFTMAX_MODE (0 eager, 1 lazy,
+  // 2 spec) and BSK_ORDER_TILES (0/1) override both for experiments.
+#ifdef BSK_SOFTMAX_MODE
+  static constexpr SoftmaxMode kSoftmaxMode = SoftmaxMode(BSK_SOFTMAX_MODE);
+#else
+  static constexpr SoftmaxMode kSoftmaxMode =
+      HeadDim == 64 ? SoftmaxMode::kEager : HeadDim <= 128 ? SoftmaxMode::kSpec : SoftmaxMode::kLazy;
+#endif
+#ifdef BSK_ORDER_TILES
+  static constexpr bool kOrderTiles = BSK_ORDER_TILES;
+#else
+  static constexpr bool kOrderTiles = kSoftmaxMode == SoftmaxMode::kSpec && !Persistent;
+#endif
 
   using Common = BsrCommon<Base, TileM, BlockM>;
   using Arguments = typename Common::Arguments;
@@ -516,6 +560,7 @@ struct BsrMainloop
         partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{})).layout(),
         shape<1>(typename TiledMmaPV::LayoutA_TV{})));
     auto corr = make_fragment_like(get<0>(softmax_state));  // per-row O rescale factor of the current tile
+    auto p_next = make_fragment_like(tOrP);  // kSpec: tile j's P while PV_{j-1} still reads tOrP
     PipelineState read_v = smem_pipe_read;                  // V of the previous tile
     clear(acc_pv);
 
@@ -523,7 +568,7 @@ struct BsrMainloop
       constexpr bool kFirst = decltype(first)::value;
       Tensor acc_qk = partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{}));
       pipeline.consumer_wait(smem_pipe_read);
-      if constexpr (kFirst) math_wg_order_barrier.wait();
+      if constexpr (kFirst || kOrderTiles) math_wg_order_barrier.wait();
       warpgroup_fence_operand(acc_qk);
       warpgroup_arrive();
       fmha_c::gemm_zero_acc(tiled_mma_qk, sQ_stage, tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
@@ -540,9 +585,16 @@ struct BsrMainloop
       cute::gemm(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_pv);
       warpgroup_commit_batch();
     };
-    auto to_p = [&](auto& acc_qk) {  // P (Element) into the PV operand registers; the tile's V becomes read_v
-      Tensor p_as_acc = make_tensor(tOrP.data(), acc_qk.layout());
-      cute::copy(acc_qk, p_as_acc);
+    auto to_p = [&](auto& src) {  // P into the PV operand registers; the tile's V becomes read_v
+      if constexpr (std::is_same_v<typename std::decay_t<decltype(src)>::value_type, Element>) {
+        Tensor from = recast<uint32_t>(src);  // kSpec: already Element, same order
+        Tensor to = recast<uint32_t>(tOrP);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(to); ++i) to(i) = from(i);
+      } else {
+        Tensor p_as_acc = make_tensor(tOrP.data(), src.layout());
+        cute::copy(src, p_as_acc);
+      }
       warpgroup_fence_operand(tOrP);
       BSK_TL(tr_on, tr_wg, tr_row, tr_j, 2);
       read_v = smem_pipe_read;
@@ -562,14 +614,15 @@ struct BsrMainloop
       constexpr bool kMasked = decltype(masked)::value;
       qk_done(cute::Int<1>{}, acc_qk);  // QK_j (PV_{j-1} may still run)
       if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
-      bool rescale = softmax_rescale_step<(HeadDim > 64)>(acc_qk, tiled_mma_qk, softmax_state,
-                                                          params.scale_softmax_log2, corr);
+      bool rescale = softmax_rescale_step<kSoftmaxMode>(acc_qk, tiled_mma_qk, softmax_state,
+                                                        params.scale_softmax_log2, corr, p_next);
       warpgroup_wait<0>();  // PV_{j-1}
       warpgroup_fence_operand(acc_pv);
       warpgroup_fence_operand(tOrP);
       pipeline.consumer_release(read_v);
       if (rescale) rescale_o(acc_pv, tiled_mma_pv, corr);
-      to_p(acc_qk);
+      if constexpr (kSoftmaxMode == SoftmaxMode::kSpec) to_p(p_next);
+      else to_p(acc_qk);
     };
 
     {
@@ -589,6 +642,7 @@ struct BsrMainloop
       tr_j = j;
       auto acc_qk = issue_qk(cute::false_type{});
       issue_pv();
+      if constexpr (kOrderTiles) math_wg_order_barrier.arrive();
       int col, kind;
       cursor.at(j / kTilesPerBlockN, col, kind);
       if (kind != kBlockFull) {

@@ -124,9 +124,10 @@ def test_running_max_grows_across_tiles(name, growth):
     later = (pos >= cfg.block_n).float()
     gain = {"mild": 1 + 3 * later, "ramp": 60 ** (pos / Sk), "step": 1 + 59 * later}[growth]
     k = (k.float() * gain[:, None]).to(k.dtype)
-    layout, causal = _patterns(Sq, Sk, 2, cfg.block_m, cfg.block_n)["topk_per_head"]
-    _check(q, k, v, L.dense(seq_q=Sq, seq_k=Sk, block_m=cfg.block_m, block_n=cfg.block_n), config=cfg)
-    _check(q, k, v, layout, config=cfg, causal=causal)
+    for layout in (L.dense(seq_q=Sq, seq_k=Sk, block_m=cfg.block_m, block_n=cfg.block_n),
+                   L.random_topk(seq_q=Sq, seq_k=Sk, k=2, seed=4, num_heads=2, block_m=cfg.block_m,
+                                 block_n=cfg.block_n)):
+        _check(q, k, v, layout, config=cfg)
 
 
 @pytest.mark.parametrize("schedule", [Schedule.COOPERATIVE, Schedule.PINGPONG, Schedule.SINGLE])

@@ -38,8 +38,8 @@ namespace fmha_c = cutlass::fmha::collective;
 namespace fmha_k = cutlass::fmha::kernel;
 
 // Named barriers, as CUTLASS user ids (NamedBarrier::sync/arrive add the reserved count; hardware has 16):
-// the epilogue's per-warpgroup syncs (two ids).
-enum : uint32_t { kBarEpilogue = 0 };
+// the epilogue's per-warpgroup syncs (two ids), the softmax turns of the two MMA warpgroups (two ids).
+enum : uint32_t { kBarEpilogue = 0, kBarSoftmaxTurn = 2 };
 
 #ifdef BSK_TRACE
 // Dev timeline (scripts/exp_trace.py; build with BSK_NVCC_FLAGS=-DBSK_TRACE): SM clock at fixed points of each
@@ -421,22 +421,28 @@ struct BsrMainloop
   static_assert(TileM == 64 * NumMmaWarpGroups, "one 64-row WGMMA tile per MMA warpgroup");
   static_assert(BlockM % TileM == 0 && BlockN % TileN == 0, "layout blocks are whole kernel tiles");
   static constexpr int kTilesPerBlockN = BlockN / TileN;
-  // Softmax step (softmax_rescale_step): kSpec where its second P fragment fits the registers (head_dim 128;
-  // at 256 ptxas spills), kLazy above that, kEager at 64 (kSpec measured 11-14 % slower there: the two MMA
-  // warpgroups fall into step). kOrderTiles: the MMA warpgroups issue their tile GEMMs in turn (the order
-  // barrier, every tile): with kSpec the cooperative kernel needs it (causal -9 % without, +5 to +12 % with), the
+  // Softmax step (softmax_rescale_step): kSpec where its second P fragment fits the registers (head_dim <= 128;
+  // at 256 ptxas spills), kLazy above that. kSoftmaxTurns (compute(): the MMA warpgroups take turns at the
+  // softmax step) at head_dim 64, where the exp2 stream is as long as the tile's GEMMs: without the turns the two
+  // warpgroups fall into step there (kSpec alone 11-14 % slower than the eager step, with the turns 5-7 % faster);
+  // at 128 the turns cost 1-3 %. kOrderTiles: the MMA warpgroups issue their tile GEMMs in turn (the order barrier,
+  // every tile): with kSpec the cooperative kernel needs it (causal -9 % without, +5 to +12 % with), the
   // persistent one runs ~1 % faster without. docs/perf_notes.md has the A/Bs. BSK_SOFTMAX_MODE (0 eager, 1 lazy,
-  // 2 spec) and BSK_ORDER_TILES (0/1) override both for experiments.
+  // 2 spec), BSK_ORDER_TILES (0/1) and BSK_SOFTMAX_TURNS (0/1) override them for experiments.
 #ifdef BSK_SOFTMAX_MODE
   static constexpr SoftmaxMode kSoftmaxMode = SoftmaxMode(BSK_SOFTMAX_MODE);
 #else
-  static constexpr SoftmaxMode kSoftmaxMode =
-      HeadDim == 64 ? SoftmaxMode::kEager : HeadDim <= 128 ? SoftmaxMode::kSpec : SoftmaxMode::kLazy;
+  static constexpr SoftmaxMode kSoftmaxMode = HeadDim <= 128 ? SoftmaxMode::kSpec : SoftmaxMode::kLazy;
 #endif
 #ifdef BSK_ORDER_TILES
   static constexpr bool kOrderTiles = BSK_ORDER_TILES;
 #else
   static constexpr bool kOrderTiles = kSoftmaxMode == SoftmaxMode::kSpec && !Persistent;
+#endif
+#ifdef BSK_SOFTMAX_TURNS
+  static constexpr bool kSoftmaxTurns = BSK_SOFTMAX_TURNS;
+#else
+  static constexpr bool kSoftmaxTurns = HeadDim == 64;
 #endif
 
   using Common = BsrCommon<Base, TileM, BlockM>;
@@ -526,6 +532,7 @@ struct BsrMainloop
     Tensor tOrV = get<2>(ops);
     Tensor tPcP = get<3>(ops);
     int q0 = int(get<0>(wg_coord)) * get<0>(TileShapeQK{});
+    [[maybe_unused]] int wg_idx = cutlass::canonical_warp_group_idx() - 1;  // MMA warpgroup 0 or 1
 
     Tensor acc_pv = partition_fragment_C(tiled_mma_pv, take<0, 2>(TileShapePV{}));
     fmha_c::CollectiveSoftmax<float, fmha_c::DefaultFusion, Params> softmax{params};
@@ -609,13 +616,32 @@ struct BsrMainloop
       BSK_TL(tr_on, tr_wg, tr_row, tr_j, 1);
       pipeline.consumer_release(read_k);
     };
+    // Softmax turns (kSoftmaxTurns): the two MMA warpgroups take turns at the softmax step of every tile, warpgroup
+    // 0 first in a row, so one's exp2 stream runs under the other's GEMMs instead of sharing the MUFU with its exp2.
+    // Both walk the same row, so the turns pair up; warpgroup 1 does not pass its last turn of a row on, and each
+    // row starts afresh. The wait goes before the QK wait: ptxas moves register arithmetic above a named barrier,
+    // not above that.
+    auto turn_wait = [&](int j) {
+      if constexpr (kSoftmaxTurns) {
+        if (wg_idx == 1 || j > 0)
+          cutlass::arch::NamedBarrier::sync(2 * cutlass::NumThreadsPerWarpGroup, kBarSoftmaxTurn + wg_idx);
+      }
+    };
+    auto turn_pass = [&](int j) {
+      if constexpr (kSoftmaxTurns) {
+        if (wg_idx == 0 || j < n_tiles - 1)
+          cutlass::arch::NamedBarrier::arrive(2 * cutlass::NumThreadsPerWarpGroup, kBarSoftmaxTurn + 1 - wg_idx);
+      }
+    };
     // Tile j >= 1 after its QK has been issued (and PV_{j-1} after it).
-    auto finish = [&](auto masked, auto& acc_qk, int k0, int kind) {
+    auto finish = [&](auto masked, auto& acc_qk, int k0, int kind, int j) {
       constexpr bool kMasked = decltype(masked)::value;
+      turn_wait(j);
       qk_done(cute::Int<1>{}, acc_qk);  // QK_j (PV_{j-1} may still run)
       if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
       bool rescale = softmax_rescale_step<kSoftmaxMode>(acc_qk, tiled_mma_qk, softmax_state,
                                                         params.scale_softmax_log2, corr, p_next);
+      turn_pass(j);
       warpgroup_wait<0>();  // PV_{j-1}
       warpgroup_fence_operand(acc_pv);
       warpgroup_fence_operand(tOrP);
@@ -630,9 +656,11 @@ struct BsrMainloop
       int col, kind;
       cursor.at(0, col, kind);  // the kind's global load overlaps QK_0
       BSK_TR(tr_on && !tr_wg && kind >= 0, 0, 10, false);
+      turn_wait(0);
       qk_done(cute::Int<0>{}, acc_qk);
       if (kind != kBlockFull) Common::apply_mask(acc_qk, tPcP, q0, col * BlockN, kind, problem_size, params.bsr);
       softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
+      turn_pass(0);
       to_p(acc_qk);
     }
     BSK_TR(tr_on && !tr_wg, 0, 2, false);
@@ -646,9 +674,9 @@ struct BsrMainloop
       int col, kind;
       cursor.at(j / kTilesPerBlockN, col, kind);
       if (kind != kBlockFull) {
-        finish(cute::true_type{}, acc_qk, col * BlockN + (j % kTilesPerBlockN) * TileN, kind);
+        finish(cute::true_type{}, acc_qk, col * BlockN + (j % kTilesPerBlockN) * TileN, kind, j);
       } else {
-        finish(cute::false_type{}, acc_qk, 0, 0);
+        finish(cute::false_type{}, acc_qk, 0, 0, j);
       }
     }
     issue_pv();  // the last tile's

@@ -206,7 +206,7 @@ def test_eager_call_skips_the_dispatcher_with_the_same_result():
     q, k, v = _qkv(1, 2, 640, 640, 128, torch.float16)
     lay = L.random_topk(seq_q=640, k=2, seed=5).to("cuda")
     o = bsk.sparse_attention(q, k, v, lay)
-    cfg_json, dlay = lay._cache[("plan", None, 128, torch.float16, q.device)]  # the cached config choice
+    cfg_json, dlay = ops._eager_plan(lay, None, 128, torch.float16, q.device)  # the call's (cached) config choice
     o_op, _ = torch.ops.blackwell_sparsek.attn_fwd(q, k, v, dlay.row_ptr, dlay.col_idx, dlay.block_kind,
                                                    dlay.row_order(), ops._meta(dlay), 1 / math.sqrt(128), cfg_json)
     with Log() as log:

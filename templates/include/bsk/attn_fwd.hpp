@@ -161,12 +161,14 @@ struct BsrRowCursor {
 //   done), written as Element into p (S kept); a warp whose rows' partial sums stay <= kSpecMaxSum (so every
 //   P <= 2^12; the test also fails for inf/NaN) keeps it. Otherwise (and for rows with no finite max yet) the
 //   eager step runs from S into p. Exact like kLazy; no max, shuffles or O rescale on the common path.
+// exp_done() runs once the common path's exp2 stream has been issued (kSpec: before its sums are checked; the
+// other modes: at the end).
 enum class SoftmaxMode { kEager, kLazy, kSpec };
 constexpr float kLazyLog2 = 8.f;
 constexpr float kSpecMaxSum = 4096.f;  // 2^12
-template <SoftmaxMode kMode, class AccQK, class TiledMmaQK, class State, class Corr, class PFrag>
+template <SoftmaxMode kMode, class AccQK, class TiledMmaQK, class State, class Corr, class PFrag, class ExpDone>
 CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, State& state,
-                                         float scale_log2, Corr& corr, PFrag& p_frag) {
+                                         float scale_log2, Corr& corr, PFrag& p_frag, ExpDone&& exp_done) {
   Tensor s = make_tensor(acc_qk.data(), fmha_c::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
   Tensor p = make_tensor(p_frag.data(), s.layout());  // kSpec's destination (same element order as S)
   auto red = fmha_c::reduction_target_n(tiled_mma_qk);
@@ -207,10 +209,10 @@ CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
     float sum[kRows];
     bool keep = true;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kRows; ++i) {
-      sum[i] = exponentiate(i);
-      keep &= sum[i] <= kSpecMaxSum && row_max(i) != -INFINITY;
-    }
+    for (int i = 0; i < kRows; ++i) sum[i] = exponentiate(i);
+    exp_done();
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) keep &= sum[i] <= kSpecMaxSum && row_max(i) != -INFINITY;
     bool redo = !__all_sync(0xffffffffu, keep);
     if (redo) {
       CUTLASS_PRAGMA_UNROLL
@@ -236,6 +238,7 @@ CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
     }
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kRows; ++i) row_sum(i) += exponentiate(i);
+    exp_done();
     return any;
   } else {
     CUTLASS_PRAGMA_UNROLL
@@ -243,6 +246,7 @@ CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
       rescale(i, tile_max(i));
       row_sum(i) += exponentiate(i);
     }
+    exp_done();
     return true;
   }
 }
@@ -640,8 +644,8 @@ struct BsrMainloop
       qk_done(cute::Int<1>{}, acc_qk);  // QK_j (PV_{j-1} may still run)
       if constexpr (kMasked) Common::apply_mask(acc_qk, tPcP, q0, k0, kind, problem_size, params.bsr);
       bool rescale = softmax_rescale_step<kSoftmaxMode>(acc_qk, tiled_mma_qk, softmax_state,
-                                                        params.scale_softmax_log2, corr, p_next);
-      turn_pass(j);
+                                                        params.scale_softmax_log2, corr, p_next,
+                                                        [&] { turn_pass(j); });
       warpgroup_wait<0>();  // PV_{j-1}
       warpgroup_fence_operand(acc_pv);
       warpgroup_fence_operand(tOrP);

@@ -100,9 +100,8 @@ def test_named_configs(name, pattern, lengths):
 def test_persistent_ctas_walk_many_rows(name, pattern, monkeypatch):
     # Ping-pong CTAs are persistent: each walks its query tiles in turn (the K/V ring and the Q slots carry over
     # from row to row, the epilogue's O buffer is reused once its store has read it, at D=64 the two warpgroups'
-    # softmax turns pair up row after row). With 3 CTAs every CTA walks
-    # ~10 rows of every kind one after another: full, partial, one tile, empty (at one CTA per SM most small
-    # problems give a CTA one row).
+    # softmax turns pair up row after row). With 3 CTAs every CTA walks ~10 rows of every kind one after another:
+    # full, partial, one tile, empty (at one CTA per SM most small problems give a CTA one row).
     monkeypatch.setattr(ops, "_sm_count", lambda index: 3)
     cfg = NAMED[name]
     Sq, Sk = 517, 1000

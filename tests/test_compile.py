@@ -279,5 +279,10 @@ def test_real_compile_sm90a_kernel(bsk_cache):
     cfg = get_config("sm90_fwd_d128_fp16_coop_128x128")
     e = cache.ensure_built(cfg)  # raises KernelCompileError with the first nvcc errors on failure
     _assert_fresh_kernel_artifact(cfg, e)
+    # No GNU-unique symbol of ours (a function-local static in a template or inline function): the dynamic loader
+    # merges those across libraries even under RTLD_LOCAL, so two builds of one kernel name in a process would
+    # share them (it happened with the launcher's "attribute already set" flags).
+    unique = [ln for ln in _exported_symbols(e.so_path).splitlines() if ln.split()[1:2] == ["u"] and "3bsk" in ln]
+    assert not unique, unique
     print(f"\n{cfg.kernel_name}: compiled in {e.meta['build_seconds']:.1f}s, "
           f"{e.so_path.stat().st_size / 1e6:.2f} MB ({os.cpu_count()} CPUs)")

@@ -1165,6 +1165,14 @@ int attn_fwd_smem_bytes() {
 
 inline bool fits_int(long long v) { return v >= 0 && v <= 0x7fffffffLL; }
 
+namespace {
+// Devices on which this library's kernel has its shared-memory attribute set. Internal linkage on purpose: a
+// function-local static in the launcher template would be a GNU-unique symbol, which the dynamic loader merges
+// across every loaded library (RTLD_LOCAL or not), so a second build of the same kernel name in one process
+// (another BSK_NVCC_FLAGS, a rebuilt cache entry) would skip setting its own attribute and fail to launch.
+bool smem_set[64] = {};
+}  // namespace
+
 template <class Traits, class Named, class Args>
 int attn_fwd_launch(Args const& a, cudaStream_t stream) {
   using Mainloop = typename Traits::Mainloop;
@@ -1206,7 +1214,6 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return int(err);
-  static bool smem_set[64] = {};
   if (device < 0 || device >= 64 || !smem_set[device]) {
     err = cudaFuncSetAttribute(cutlass::device_kernel<Named>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return int(err);

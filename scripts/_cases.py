@@ -1,4 +1,5 @@
-"""The acceptance shapes the dev scripts time: name -> (B, H, S, D, layout(S, H))."""
+"""The acceptance shapes the dev scripts time: name -> (B, H, S, D, layout(S, H)), and their shared helpers."""
+import contextlib
 import blackwell_sparsek as bsk
 
 L = bsk.BlockSparseLayout
@@ -33,6 +34,20 @@ def spec_config(spec, D, lay):
     from blackwell_sparsek.ops import default_config
     sched = spec.partition(":")[2]
     return default_config(D, torch.float16, lay, schedule=Schedule(sched) if sched else None)
+
+
+@contextlib.contextmanager
+def persistent_ctas(n):
+    """Persistent kernels launched on ``n`` CTAs inside the block (None: one per SM, the default), so that with a
+    small ``n`` every CTA walks many rows."""
+    import blackwell_sparsek.ops as ops
+    real = ops._sm_count
+    if n:
+        ops._sm_count = lambda index: n
+    try:
+        yield
+    finally:
+        ops._sm_count = real
 
 
 def graph_ms(fn, calls=1):

@@ -6,15 +6,14 @@ BSK_CHECK_CTAS=N launches persistent kernels on N CTAs (default: one per SM), so
 import os, sys
 import blackwell_sparsek as bsk
 from blackwell_sparsek.reference import attention_reference, relative_error
-from _cases import inputs, spec_config
-if os.environ.get("BSK_CHECK_CTAS"):
-    import blackwell_sparsek.ops as ops
-    ops._sm_count = lambda index: int(os.environ["BSK_CHECK_CTAS"])
+from _cases import inputs, persistent_ctas, spec_config
+ctas = int(os.environ.get("BSK_CHECK_CTAS") or 0) or None
 for spec in sys.argv[1:]:
     # the float64 reference is dense: keep it small
     B, H, S, D, lay, q, k, v = inputs(spec.partition(":")[0], max_heads=2, max_seq=4096)
     cfg = spec_config(spec, D, lay)
-    out = bsk.sparse_attention(q, k, v, lay, config=cfg)
+    with persistent_ctas(ctas):
+        out = bsk.sparse_attention(q, k, v, lay, config=cfg)
     ref = attention_reference(q, k, v, lay)[0]
     err = relative_error(out, ref)
     print(f"check {os.environ.get('BSK_NVCC_FLAGS', '')!r:28s} {spec:20s} rel err {err:.2e} {'OK' if err < 1e-2 else 'FAIL'}",

@@ -10,11 +10,9 @@ import torch
 from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(__file__))
 import blackwell_sparsek as bsk
-import blackwell_sparsek.ops as ops
-from _cases import effective_flops
+from _cases import effective_flops, persistent_ctas
 
 L = bsk.BlockSparseLayout
-real_sm_count = ops._sm_count
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 cases = []
 for B, H, D in ((2, 16, 128), (1, 8, 64)):
@@ -27,6 +25,6 @@ for B, H, D in ((2, 16, 128), (1, 8, 64)):
 print(torch.cuda.get_device_name(), flush=True)
 for r in range(rounds):
     for name, ctas, flops, (q, k, v, lay) in cases:
-        ops._sm_count = (lambda index, n=ctas: n) if ctas else real_sm_count
-        ms = do_bench(lambda: bsk.sparse_attention(q, k, v, lay), warmup=300, rep=300, return_mode="median")
+        with persistent_ctas(ctas):
+            ms = do_bench(lambda: bsk.sparse_attention(q, k, v, lay), warmup=300, rep=300, return_mode="median")
         print(f"round {r} {name} {flops / ms / 1e9:6.1f} TFLOPS", flush=True)

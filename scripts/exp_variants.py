@@ -15,7 +15,7 @@ import blackwell_sparsek as bsk
 import blackwell_sparsek.ops as ops
 from blackwell_sparsek import cache
 from blackwell_sparsek.reference import attention_reference, relative_error
-from _cases import CASES, effective_flops, inputs, spec_config
+from _cases import CASES, effective_flops, inputs, persistent_ctas, spec_config
 
 variants = [tuple(v.split("=", 1)) for v in os.environ["BSK_VARIANTS"].split(";") if v]
 names = [k for k in CASES if k in os.environ.get("BSK_AB_CASES", ",".join(CASES)).split(",")]
@@ -25,11 +25,15 @@ real_kernel_for = ops._kernel_for
 
 
 def kernel(cfg, flags):
+    before = os.environ.get("BSK_NVCC_FLAGS")
     os.environ["BSK_NVCC_FLAGS"] = flags
     try:
         return cache.build(cfg)
     finally:
-        os.environ.pop("BSK_NVCC_FLAGS", None)
+        if before is None:
+            os.environ.pop("BSK_NVCC_FLAGS", None)
+        else:
+            os.environ["BSK_NVCC_FLAGS"] = before
 
 
 def run_with(k, fn):
@@ -50,15 +54,13 @@ for name in names:
         ks = {tag: kernel(cfg, flags) for tag, flags in variants}
         sb, sh, ss, sd, slay, sq, sk, sv = inputs(name, max_heads=2, max_seq=4096)
         ref = attention_reference(sq, sk, sv, slay)[0]
-        real_sm_count = ops._sm_count
         for tag, kk in ks.items():
             for ctas in (None, 3):  # 3 persistent CTAs: each walks ~20 rows
-                ops._sm_count = (lambda index, n=ctas: n) if ctas else real_sm_count
-                out = run_with(kk, lambda: bsk.sparse_attention(sq, sk, sv, slay, config=cfg))
+                with persistent_ctas(ctas):
+                    out = run_with(kk, lambda: bsk.sparse_attention(sq, sk, sv, slay, config=cfg))
                 err = relative_error(out, ref)
                 print(f"check {spec:22s} {tag:10s} ctas {ctas or 'all':3} rel err {err:.2e} "
                       f"{'OK' if err < 1e-2 else 'FAIL'}", flush=True)
-        ops._sm_count = real_sm_count
         cases.append((spec, cfg, ks, effective_flops(B, H, D, lay), (q, k, v, lay)))
 
 res = {}

@@ -1,0 +1,34 @@
+"""Dev: build, on the CPU host, every kernel a GPU session runs (the GPU tests, exp_* scripts, bench --headline,
+compare-88), into BSK_CACHE_DIR; carry that folder to the GPU machine (scripts/gpu_session.sh points there).
+
+    BSK_CACHE_DIR=$PWD/.bskcache python scripts/prebuild.py [-j N]
+The configs are sparse_attention's own choices for the tests' layouts (ops.default_config), plus every named one.
+"""
+import sys
+from concurrent.futures import ThreadPoolExecutor
+import torch
+import blackwell_sparsek as bsk
+from blackwell_sparsek import cache
+from blackwell_sparsek.config import AttentionConfig, Schedule, load_named_configs
+from blackwell_sparsek.ops import default_config
+
+L = bsk.BlockSparseLayout
+cfgs = [c for c in load_named_configs().values() if isinstance(c, AttentionConfig)]
+for d in (64, 128):  # test_other_block_sizes: top-k (balanced rows) and causal, per block shape
+    for bm, bn in ((128, 64), (256, 128), (128, 256), (64, 128), (64, 64)):
+        topk = L.random_topk(seq_q=777, seq_k=1300, k=3, seed=5, num_heads=2, block_m=bm, block_n=bn)
+        causal = L.dense(seq_q=777, seq_k=1300, block_m=bm, block_n=bn).with_causal()
+        cfgs += [default_config(d, torch.float16, topk), default_config(d, torch.float16, causal)]
+for dt in (torch.float16, torch.bfloat16):  # test_head_dim_256
+    lay = L.dense(seq_q=700, seq_k=900)
+    cfgs += [default_config(256, dt, lay), default_config(256, dt, lay.with_causal())]
+lay = L.dense(seq_q=300, seq_k=777)  # test_gqa_bshd_and_causal_rectangular
+cfgs += [default_config(128, torch.bfloat16, lay, schedule=s) for s in Schedule]
+for d in (64, 128):  # the bench and dev scripts: fp16 at both schedules
+    cfgs += [default_config(d, torch.float16, L.dense(8192), schedule=s) for s in (Schedule.PINGPONG, Schedule.COOPERATIVE)]
+cfgs = list(dict.fromkeys(c.validate() for c in cfgs))
+jobs = int(sys.argv[sys.argv.index("-j") + 1]) if "-j" in sys.argv else 2
+print(f"{len(cfgs)} kernels", flush=True)
+with ThreadPoolExecutor(jobs) as ex:
+    for c, e in zip(cfgs, ex.map(lambda c: cache.ensure_built(c, progress=False), cfgs)):
+        print(f"{'built ' if e.built else 'cached'} {c.kernel_name}", flush=True)

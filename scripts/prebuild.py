@@ -2,13 +2,13 @@
 compare-88), into BSK_CACHE_DIR; carry that folder to the GPU machine (scripts/gpu_session.sh points there).
 
     BSK_CACHE_DIR=$PWD/.bskcache python scripts/prebuild.py [-j N]
-The configs are sparse_attention's own choices for the tests' layouts (ops.default_config), plus every named one.
+The configs are sparse_attention's own choices for the tests' layouts (ops.default_config), plus every named one;
+the package's `build` command compiles them (arguments after the script's name go to it).
 """
 import sys
-from concurrent.futures import ThreadPoolExecutor
 import torch
 import blackwell_sparsek as bsk
-from blackwell_sparsek import cache
+from blackwell_sparsek import cli
 from blackwell_sparsek.config import AttentionConfig, Schedule, load_named_configs
 from blackwell_sparsek.ops import default_config
 
@@ -25,10 +25,6 @@ for dt in (torch.float16, torch.bfloat16):  # test_head_dim_256
 lay = L.dense(seq_q=300, seq_k=777)  # test_gqa_bshd_and_causal_rectangular
 cfgs += [default_config(128, torch.bfloat16, lay, schedule=s) for s in Schedule]
 for d in (64, 128):  # the bench and dev scripts: fp16 at both schedules
-    cfgs += [default_config(d, torch.float16, L.dense(8192), schedule=s) for s in (Schedule.PINGPONG, Schedule.COOPERATIVE)]
-cfgs = list(dict.fromkeys(c.validate() for c in cfgs))
-jobs = int(sys.argv[sys.argv.index("-j") + 1]) if "-j" in sys.argv else 2
-print(f"{len(cfgs)} kernels", flush=True)
-with ThreadPoolExecutor(jobs) as ex:
-    for c, e in zip(cfgs, ex.map(lambda c: cache.ensure_built(c, progress=False), cfgs)):
-        print(f"{'built ' if e.built else 'cached'} {c.kernel_name}", flush=True)
+    cfgs += [default_config(d, torch.float16, L.dense(8192), schedule=s)
+             for s in (Schedule.PINGPONG, Schedule.COOPERATIVE)]
+sys.exit(cli.main(["build", *dict.fromkeys(c.to_json() for c in cfgs), *sys.argv[1:]]))

@@ -10,6 +10,9 @@ CASES = {
     "dense-d64": (1, 8, 8192, 64, lambda S, H: L.dense(S)),
     "topk25-d64": (1, 8, 8192, 64, lambda S, H: L.random_topk(S, k=16, seed=0, num_heads=H)),
     "win2K-d128": (1, 16, 32768, 128, lambda S, H: L.sliding_window(S, window=2048)),
+    "causal-d64": (1, 8, 8192, 64, lambda S, H: L.causal(S)),
+    # short causal rows over many heads (compare-88's 16x16x1024 shape): every head's K/V together outgrow L2
+    "causal1K-d128": (16, 16, 1024, 128, lambda S, H: L.causal(S)),
     # dense over 2K keys: the work of a 16-block row without the gather (example 88 can run this shape too)
     "short2K-d128": (2, 16, 8192, 128, lambda S, H: L.dense(S, 2048)),
     "short2K-d64": (1, 8, 8192, 64, lambda S, H: L.dense(S, 2048)),

@@ -16,7 +16,7 @@ for key in (key for key in CASES if not only or key in only.split(",")):
     name = key.split("-")[0]
     B, H, S, D, lay, q, k, v = inputs(key)
     flops = effective_flops(B, H, D, lay)
-    if name == "causal":
+    if name.startswith("causal"):
         flops = metrics.dense_flops(B, H, S, S, D, causal=True)  # example 88's count (dense half)
     # BSK_AB_SCHEDS="cooperative,pingpong,single:6" (schedule[:stages]); configs that do not fit are skipped
     for spec in os.environ.get("BSK_AB_SCHEDS", "cooperative,pingpong").split(","):

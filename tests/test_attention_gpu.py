@@ -139,6 +139,25 @@ def test_gqa_bshd_and_causal_rectangular(schedule):
         _check(q, k, v, lay, config=default_config(128, torch.bfloat16, lay, schedule=schedule), causal=True)
 
 
+@pytest.mark.parametrize("schedule", [Schedule.COOPERATIVE, Schedule.PINGPONG])
+def test_heaviest_first_order_in_head_groups(schedule):
+    # Rows of unequal length run heaviest first across a group of (batch, head)s whose K/V fits in half of L2,
+    # group after group (the launcher's head_group): here 4 x 4 heads of 2 MB K/V each, so a group holds fewer
+    # than all 16 (the check below), shared causal rows and per-head rows with holes.
+    B, H, S, D = 4, 4, 4096, 128
+    kv = 2 * S * D * 2
+    fit = torch.cuda.get_device_properties(0).L2_cache_size // 2 // kv
+    group = max(g for g in range(1, B * H + 1) if (B * H) % g == 0 and g <= max(fit, 1))
+    assert 1 < group < B * H, f"shape does not split the heads into groups on this GPU (group {group})"
+    nq = S // 128
+    g = torch.Generator().manual_seed(11)
+    holes = torch.rand(H, nq, nq, generator=g) < torch.linspace(0.0, 0.9, nq)[:, None]  # later rows emptier
+    q, k, v = _qkv(B, H, S, S, D, torch.float16)
+    for lay, causal in ((L.dense(seq_q=S), True), (L.from_block_mask(~holes, seq_q=S, seq_k=S), False)):
+        assert not lay.uniform_rows() or causal
+        _check(q, k, v, lay, config=default_config(D, torch.float16, lay, schedule=schedule), causal=causal)
+
+
 @pytest.mark.parametrize("block", [(128, 64), (256, 128), (128, 256), (64, 128), (64, 64)])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_other_block_sizes(block, head_dim):

@@ -10,8 +10,9 @@
 //     rows with no blocks write O = 0 and LSE = -inf. BsrMainloopSingle: one warpgroup per CTA, loads its own.
 //   * BsrEpilogue: O through shared memory and one TMA store per warpgroup that nobody waits on until the buffer
 //     is needed again; LSE straight to global.
-//   * BsrTileScheduler: query tiles ordered heaviest row first (row_order from the layout), m fastest so
-//     concurrent CTAs share a head's K/V in L2; one tile per CTA (cooperative) or persistent (ping-pong).
+//   * BsrTileScheduler: uniform rows m fastest, so concurrent CTAs share a head's K/V in L2; rows of unequal length
+//     heaviest first (row_order from the layout) across a group of heads whose K/V fits in L2, group after group;
+//     one tile per CTA (cooperative) or persistent (ping-pong).
 //   * attn_fwd_launch: the extern "C" launcher body (plain argument struct -> Params, TMA descriptors, launch
 //     on the caller's stream, every CUDA return code checked).
 #pragma once
@@ -896,7 +897,8 @@ struct BsrTileScheduler {
     int layout_heads;
     cutlass::FastDivmod div_m;
     cutlass::FastDivmod div_h;
-    cutlass::FastDivmod div_bh;
+    cutlass::FastDivmod div_group;        // heaviest-first order: (batch, head)s per group
+    cutlass::FastDivmod div_group_tiles;  // tiles per group
     const int* row_order;
     int grid;
     int rank_major;
@@ -909,8 +911,12 @@ struct BsrTileScheduler {
     BSK_TR_SPAN(threadIdx.x == 0, 0);
   }
 
+  // rank_major (rows differ in length): heaviest rows first across the (batch, head)s of a group of `group` of
+  // them (a divisor of batch * heads that the launcher picks so that a group's K/V fits in L2), group after group.
+  // With every head in one group the tiles in flight would each read another head's K/V once the heads' K/V
+  // outgrow L2 (causal rows over 1K keys at 16 x 16 heads: DRAM-bound); with none, the order within a head.
   static Params make(int batch, int heads, int n_rows, int tiles_per_row, int layout_heads, const int* row_order,
-                     bool persistent, int sm_count, int rank_major) {
+                     bool persistent, int sm_count, int rank_major, int group) {
     Params p;
     p.m_tiles = n_rows * tiles_per_row;
     p.num_tiles = p.m_tiles * heads * batch;
@@ -919,7 +925,8 @@ struct BsrTileScheduler {
     p.layout_heads = layout_heads;
     p.div_m = cutlass::FastDivmod(p.m_tiles);
     p.div_h = cutlass::FastDivmod(heads);
-    p.div_bh = cutlass::FastDivmod(heads * batch);
+    p.div_group = cutlass::FastDivmod(group);
+    p.div_group_tiles = cutlass::FastDivmod(group * p.m_tiles);
     p.rank_major = rank_major;
     p.row_order = row_order;
     p.grid = persistent ? std::min(p.num_tiles, sm_count > 0 ? sm_count : 132) : p.num_tiles;
@@ -942,7 +949,10 @@ struct BsrTileScheduler {
   CUTLASS_DEVICE auto get_block_coord() {
     int rank, rest, h, b;
     if (params.rank_major) {
-      params.div_bh(rank, rest, idx);
+      int g, in_g;
+      params.div_group_tiles(g, in_g, idx);
+      params.div_group(rank, rest, in_g);
+      rest += g * params.div_group.divisor;
     } else {
       params.div_m(rest, rank, idx);
     }
@@ -1165,12 +1175,22 @@ int attn_fwd_smem_bytes() {
 
 inline bool fits_int(long long v) { return v >= 0 && v <= 0x7fffffffLL; }
 
+// (batch, head)s per group of the heaviest-first tile order (BsrTileScheduler::make): the largest divisor of
+// batch * heads whose K/V (bytes per (batch, head): kv_bytes) fits in half of L2.
+inline int head_group(int bh, long long kv_bytes, long long l2_bytes) {
+  long long fit = kv_bytes > 0 ? (l2_bytes / 2) / kv_bytes : bh;
+  int g = int(std::max(1LL, std::min<long long>(bh, fit)));
+  while (bh % g != 0) --g;
+  return g;
+}
+
 namespace {
 // Devices on which this library's kernel has its shared-memory attribute set. Internal linkage on purpose: a
 // function-local static in the launcher template would be a GNU-unique symbol, which the dynamic loader merges
 // across every loaded library (RTLD_LOCAL or not), so a second build of the same kernel name in one process
 // (another BSK_NVCC_FLAGS, a rebuilt cache entry) would skip setting its own attribute and fail to launch.
 bool smem_set[64] = {};
+int l2_bytes[64] = {};  // per device, read once
 }  // namespace
 
 template <class Traits, class Named, class Args>
@@ -1199,6 +1219,20 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
   BsrParams bsr{a.row_ptr, a.col_idx, a.block_kind, a.layout_heads, a.row_ptr_stride, a.col_stride,
                 a.heads_kv, a.heads / a.heads_kv, a.window_left, a.window_right};
 
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return int(err);
+  bool known = device >= 0 && device < 64;
+  int l2 = known ? l2_bytes[device] : 0;
+  if (l2 <= 0) {
+    err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
+    if (err != cudaSuccess) return int(err);
+    if (known) l2_bytes[device] = l2;
+  }
+  // K and V of one (batch, head); heads that share a K/V head (GQA) count their share
+  long long kv_bytes = 2LL * a.seq_k * a.head_dim * (long long)sizeof(Element) * a.heads_kv / a.heads;
+  int group = head_group(a.batch * a.heads, kv_bytes, l2);
+
   typename Named::Params params{
       ps,
       Mainloop::to_underlying_arguments(
@@ -1208,12 +1242,9 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
           nullptr),
       Epilogue::to_underlying_arguments(ps, typename Epilogue::Arguments{static_cast<Element*>(a.o), dO, a.lse, dLSE}),
       BsrTileScheduler::make(a.batch, a.heads, a.n_qblocks, Traits::kBlockM / Traits::kTileM, a.layout_heads,
-                             a.row_order, Traits::kPersistent, a.sm_count, a.rank_major)};
+                             a.row_order, Traits::kPersistent, a.sm_count, a.rank_major, group)};
 
   int smem = int(Named::SharedStorageSize);
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return int(err);
   if (device < 0 || device >= 64 || !smem_set[device]) {
     err = cudaFuncSetAttribute(cutlass::device_kernel<Named>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return int(err);

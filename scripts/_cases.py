@@ -1,5 +1,6 @@
 """The acceptance shapes the dev scripts time: name -> (B, H, S, D, layout(S, H)), and their shared helpers."""
 import contextlib
+import subprocess
 import blackwell_sparsek as bsk
 
 L = bsk.BlockSparseLayout
@@ -72,3 +73,18 @@ def effective_flops(B, H, D, lay):
     from blackwell_sparsek.bench import metrics
     pairs = metrics.block_pairs_total(lay.nnz, lay.num_heads, B, H)
     return metrics.effective_flops(pairs, lay.block_m, lay.block_n, D)
+
+
+@contextlib.contextmanager
+def smi_samples(fields, every_ms=50):
+    """nvidia-smi's ``--query-gpu=<fields>`` every ``every_ms`` while the block runs: yields a list that holds the
+    samples (one list of floats per sample, in field order) once the block has ended."""
+    rows = []
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                            "-lms", str(every_ms)], stdout=subprocess.PIPE, text=True)
+    try:
+        yield rows
+    finally:
+        smi.terminate()
+        rows += [[float(x) for x in line.split(",")] for line in smi.communicate()[0].strip().splitlines()
+                 if line.count(",") == len(fields) - 1]

@@ -3,12 +3,12 @@ config, and compiled FlexAttention on the same block mask) with the bench's own 
 GPU with back-to-back dense D128 calls for BSK_HEAT_S seconds, then times the pair again. nvidia-smi samples
 temperature, power and SM clock during every measurement.   python scripts/exp_thermal.py [case] [rounds]
 """
-import os, statistics as st, subprocess, sys, time
+import os, statistics as st, sys, time
 import torch
 import blackwell_sparsek as bsk
 from blackwell_sparsek.bench.peers import compiled_flex
 from blackwell_sparsek.bench.timing import bench
-from _cases import effective_flops, inputs, spec_config
+from _cases import effective_flops, inputs, smi_samples, spec_config
 
 name = sys.argv[1] if len(sys.argv) > 1 else "topk25-d128"
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -28,13 +28,8 @@ torch.cuda.synchronize()
 
 
 def sampled(fn):
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=temperature.gpu,power.draw,clocks.sm",
-                            "--format=csv,noheader,nounits", "-lms", "50"], stdout=subprocess.PIPE, text=True)
-    try:
+    with smi_samples(["temperature.gpu", "power.draw", "clocks.sm"]) as rows:
         t = bench(fn)
-    finally:
-        smi.terminate()
-    rows = [[float(x) for x in l.split(",")] for l in smi.communicate()[0].strip().splitlines() if l.count(",") == 2]
     rows = rows[len(rows) // 2:] or rows  # the timed part (the second half: after the warm-up)
     return t.median_ms, *(st.median(r[i] for r in rows) for i in range(3))
 

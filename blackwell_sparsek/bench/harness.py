@@ -348,7 +348,8 @@ class Runner:
         self.progress = progress or Progress(len(self.cases))
         self._checked: set[tuple] = set()
         self._no_jit = False
-        self._burst: list[tuple[Case, list[tuple[Peer, dict[str, Any]]]]] = []  # the second pass's work
+        # the second pass's work: per case, its layout, causal flag, FLOP counts and the (peer, record)s timed
+        self._burst: list[tuple[Case, Any, bool, dict[str, float], list[tuple[Peer, dict[str, Any]]]]] = []
 
     # -- peers ---------------------------------------------------------------------------------------------------
     def peers(self, case: Case) -> list[Peer]:
@@ -447,8 +448,8 @@ class Runner:
 
     def burst_pass(self) -> None:
         """Second pass: the burst-protocol timings of every case (ours like example 88, then example 88's binary),
-        after all sustained ones. Inputs are made again from the case's seed, the layout rebuilt."""
-        for case, timed in self._burst:
+        after all sustained ones, on the first pass's layout; inputs are made again from the case's seed."""
+        for case, layout, causal, fl, timed in self._burst:
             if self.fatal:
                 break
             if time.monotonic() > self.deadline:
@@ -456,10 +457,9 @@ class Runner:
                 continue
             try:
                 if timed and self._wants_loop(case):
-                    self._burst_loops(case, timed)
+                    self._burst_loops(case, layout, causal, fl, timed)
                 if self._wants_ex88(case):
-                    self.run_ex88(case, case_flops(case, build_layout(case)[0]),
-                                  next(i["density"] for i in self.case_info if i["case"] == case.name))
+                    self.run_ex88(case, fl, layout.density)
             except Exception as e:
                 if case.device == "cuda" and _is_fatal_cuda(e):
                     self.fatal = f"burst timings of {case.name}: {_short(e, 200)}"
@@ -471,9 +471,8 @@ class Runner:
             if self.on_case_done:
                 self.on_case_done(self)
 
-    def _burst_loops(self, case: Case, timed: list[tuple[Peer, dict[str, Any]]]) -> None:
-        layout, causal = build_layout(case)
-        fl = case_flops(case, layout)
+    def _burst_loops(self, case: Case, layout: Any, causal: bool, fl: dict[str, float],
+                     timed: list[tuple[Peer, dict[str, Any]]]) -> None:
         q, k, v = make_inputs(case)
         t = Tensors(q, k, v, layout, causal, 1.0 / math.sqrt(case.d))
         for peer, rec in timed:
@@ -511,7 +510,7 @@ class Runner:
         baseline: Any = None
         baseline_name: str | None = None
         timed: list[tuple[Peer, dict[str, Any]]] = []
-        self._burst.append((case, timed))
+        self._burst.append((case, layout, causal, fl, timed))
         for peer in self.peers(case):
             why = peer.unsupported(case) or self._jit_peer_allowed(peer, case)
             if why:

@@ -2,6 +2,7 @@
 of the GPU's clock (power limit, temperature) fall on every variant alike.
 
     BSK_VARIANTS='base=-DBSK_X=0;new=' BSK_AB_CASES=topk25-d128,dense-d64 python scripts/exp_variants.py [rounds]
+A variant given as tag=@DIR is the kernel found under cache directory DIR as it is (e.g. built from HEAD's tree).
 Each variant (tag=flags; the flags as the build used them) is checked first against the float64 reference (2 heads,
 4K; on one CTA per SM and on 3 persistent CTAs), then timed with do_bench (sustained, 300 ms warm-up) once per round, the variants' order rotating each round.
 Prints every measurement and, last, the median per case and variant with its ratio to the first variant.
@@ -25,6 +26,12 @@ real_kernel_for = ops._kernel_for
 
 
 def kernel(cfg, flags):
+    if flags.startswith("@"):  # a kernel built from another tree: its entry under that cache directory, as is
+        import json
+        from pathlib import Path
+        from blackwell_sparsek.runtime import CompiledKernel
+        entry, = Path(flags[1:]).glob(cfg.kernel_name + "-*")
+        return CompiledKernel(entry / "kernel.so", cfg, json.loads((entry / "meta.json").read_text()))
     before = os.environ.get("BSK_NVCC_FLAGS")
     os.environ["BSK_NVCC_FLAGS"] = flags
     try:

@@ -9,6 +9,7 @@ Prints every measurement and, last, the median per case and variant with its rat
 BSK_AB_SCHEDS picks the schedule (default: the layout's default).
 """
 import os, statistics as st, sys
+from pathlib import Path
 import torch
 from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(__file__))
@@ -16,6 +17,7 @@ import blackwell_sparsek as bsk
 import blackwell_sparsek.ops as ops
 from blackwell_sparsek import cache
 from blackwell_sparsek.reference import attention_reference, relative_error
+from blackwell_sparsek.runtime import CompiledKernel
 from _cases import CASES, effective_flops, inputs, persistent_ctas, spec_config
 
 variants = [tuple(v.split("=", 1)) for v in os.environ["BSK_VARIANTS"].split(";") if v]
@@ -27,11 +29,8 @@ real_kernel_for = ops._kernel_for
 
 def kernel(cfg, flags):
     if flags.startswith("@"):  # a kernel built from another tree: its entry under that cache directory, as is
-        import json
-        from pathlib import Path
-        from blackwell_sparsek.runtime import CompiledKernel
-        entry, = Path(flags[1:]).glob(cfg.kernel_name + "-*")
-        return CompiledKernel(entry / "kernel.so", cfg, json.loads((entry / "meta.json").read_text()))
+        entry, = Path(flags[1:]).glob(f"{cfg.kernel_name}-*")  # the cache's entry_dir naming
+        return CompiledKernel(entry / cache.SO_NAME, cfg, cache._read_meta(entry))
     before = os.environ.get("BSK_NVCC_FLAGS")
     os.environ["BSK_NVCC_FLAGS"] = flags
     try:

@@ -1189,8 +1189,9 @@ namespace {
 // function-local static in the launcher template would be a GNU-unique symbol, which the dynamic loader merges
 // across every loaded library (RTLD_LOCAL or not), so a second build of the same kernel name in one process
 // (another BSK_NVCC_FLAGS, a rebuilt cache entry) would skip setting its own attribute and fail to launch.
-bool smem_set[64] = {};
-int l2_bytes[64] = {};  // per device, read once
+constexpr int kMaxDevices = 64;  // devices with a slot below; others take the uncached path
+bool smem_set[kMaxDevices] = {};
+int l2_bytes[kMaxDevices] = {};  // per device, read once
 }  // namespace
 
 template <class Traits, class Named, class Args>
@@ -1222,7 +1223,7 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return int(err);
-  bool known = device >= 0 && device < 64;
+  bool known = device >= 0 && device < kMaxDevices;
   int l2 = known ? l2_bytes[device] : 0;
   if (l2 <= 0) {
     err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
@@ -1245,10 +1246,10 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
                              a.row_order, Traits::kPersistent, a.sm_count, a.rank_major, group)};
 
   int smem = int(Named::SharedStorageSize);
-  if (device < 0 || device >= 64 || !smem_set[device]) {
+  if (!known || !smem_set[device]) {
     err = cudaFuncSetAttribute(cutlass::device_kernel<Named>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return int(err);
-    if (device >= 0 && device < 64) smem_set[device] = true;
+    if (known) smem_set[device] = true;
   }
   dim3 grid = BsrTileScheduler::get_grid_shape(params.tile_scheduler);
   dim3 block(Named::MaxThreadsPerBlock, 1, 1);

@@ -164,8 +164,7 @@ class AttentionConfig(KernelConfig):
     abi: ClassVar[tuple[tuple[str, str], ...]] = (
         ("q", "const void*"), ("k", "const void*"), ("v", "const void*"),
         ("o", "void*"), ("lse", "float*"),
-        ("row_ptr", "const int*"), ("col_idx", "const int*"),
-        ("block_kind", "const unsigned char*"), ("row_order", "const int*"),
+        ("col_idx", "const int*"), ("block_kind", "const unsigned char*"), ("row_sched", "const int*"),
         ("batch", "int"), ("heads", "int"), ("heads_kv", "int"),
         ("seq_q", "int"), ("seq_k", "int"), ("head_dim", "int"),
         ("q_stride_b", "long long"), ("q_stride_h", "long long"), ("q_stride_s", "long long"),
@@ -174,7 +173,7 @@ class AttentionConfig(KernelConfig):
         ("o_stride_b", "long long"), ("o_stride_h", "long long"), ("o_stride_s", "long long"),
         ("lse_stride_b", "long long"), ("lse_stride_h", "long long"),
         ("layout_heads", "int"), ("n_qblocks", "int"), ("n_kblocks", "int"),
-        ("row_ptr_stride", "int"), ("col_stride", "int"),
+        ("col_stride", "int"),
         ("window_left", "int"), ("window_right", "int"),
         ("scale", "float"), ("sm_count", "int"), ("rank_major", "int"),
     )

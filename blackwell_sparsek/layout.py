@@ -298,7 +298,7 @@ class BlockSparseLayout:
     block_n=..., window_left=-1, window_right=-1)``, which validates them.
 
     Immutable: attributes are read-only and the tensors must never be modified in place (device copies, the causal
-    variant, the CSC view and ``row_order()`` are cached on the object).
+    variant, the CSC view, ``row_order()`` and ``row_schedule()`` are cached on the object).
     """
 
     __slots__ = ("_row_ptr", "_col_idx", "_block_kind", "_seq_q", "_seq_k", "_block_m", "_block_n",
@@ -605,6 +605,21 @@ class BlockSparseLayout:
         if got is None:
             got = torch.sort(self.row_counts(), dim=1, descending=True, stable=True).indices.to(torch.int32)
             self._cache["row_order"] = got
+        return got
+
+    def row_schedule(self) -> torch.Tensor:
+        """int32 [Hl, nq, 4], contiguous: per query-block row in ``row_order()``, (row, start, end, first column):
+        its ``col_idx`` range and first listed block (0 for an empty row). Cached. The kernel's tile scheduler reads
+        one 16-byte entry per tile, so no dependent index load stands before a row's first K/V load."""
+        got = self._cache.get("row_schedule")
+        if got is None:
+            order = self.row_order().long()
+            start = torch.gather(self.row_ptr[:, :-1], 1, order)
+            end = torch.gather(self.row_ptr[:, 1:], 1, order)
+            at = start.clamp(max=self.col_idx.shape[1] - 1).long()  # an empty last row starts past the end
+            first = torch.where(end > start, torch.gather(self.col_idx, 1, at), torch.zeros_like(start))
+            got = torch.stack([order.to(start.dtype), start, end, first], dim=2).to(torch.int32).contiguous()
+            self._cache["row_schedule"] = got
         return got
 
     def to_dense_mask(self) -> torch.Tensor:

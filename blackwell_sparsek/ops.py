@@ -145,6 +145,13 @@ def _check_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                                  f"pass {name}.contiguous()")
 
 
+def _check_row_sched(s: torch.Tensor) -> None:
+    """The kernel's scheduler reads one 16-byte (row, start, end, first column) entry per tile."""
+    if s.dtype != torch.int32 or s.dim() != 3 or s.shape[2] != 4 or not s.is_contiguous() or s.data_ptr() % 16:
+        raise InputError(f"row_sched must be the layout's row_schedule() (contiguous 16-byte aligned int32 "
+                         f"[Hl, nq, 4]); got {s.dtype} {tuple(s.shape)} with strides {s.stride()}")
+
+
 # -- the custom op ------------------------------------------------------------------------------------------
 
 @lru_cache(maxsize=None)
@@ -168,12 +175,14 @@ def _poison() -> bool:
     return os.environ.get("BSK_POISON", "") not in ("", "0")
 
 
-def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.Tensor, col_idx: torch.Tensor,
-                   block_kind: torch.Tensor, row_order: torch.Tensor, meta: list[int], scale: float,
+def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col_idx: torch.Tensor, block_kind: torch.Tensor,
+                   row_sched: torch.Tensor, meta: list[int], scale: float,
                    config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op's CUDA implementation. meta = [window_left, window_right, n_kblocks, rank_major] of the layout
-    (rank_major = rows differ in length: order tiles heaviest-first across heads)."""
+    """The op's CUDA implementation. row_sched: the layout's row_schedule(); meta = [window_left, window_right,
+    n_kblocks, rank_major] of the layout (rank_major = rows differ in length: order tiles heaviest-first across
+    heads)."""
     _check_tma(q, k, v)
+    _check_row_sched(row_sched)
     kernel = _kernel_for(config_json)
     B, H, Sq, D = q.shape
     o = torch.empty_like(q)
@@ -185,16 +194,15 @@ def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: t
     qs, ks, vs, os_, ls = q.stride(), k.stride(), v.stride(), o.stride(), lse.stride()
     args = kernel.Args(
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr(),
-        row_ptr=row_ptr.data_ptr(), col_idx=col_idx.data_ptr(), block_kind=block_kind.data_ptr(),
-        row_order=row_order.data_ptr(),
+        col_idx=col_idx.data_ptr(), block_kind=block_kind.data_ptr(), row_sched=row_sched.data_ptr(),
         batch=B, heads=H, heads_kv=k.shape[1], seq_q=Sq, seq_k=k.shape[2], head_dim=D,
         q_stride_b=qs[0], q_stride_h=qs[1], q_stride_s=qs[2],
         k_stride_b=ks[0], k_stride_h=ks[1], k_stride_s=ks[2],
         v_stride_b=vs[0], v_stride_h=vs[1], v_stride_s=vs[2],
         o_stride_b=os_[0], o_stride_h=os_[1], o_stride_s=os_[2],
         lse_stride_b=ls[0], lse_stride_h=ls[1],
-        layout_heads=row_ptr.shape[0], n_qblocks=row_ptr.shape[1] - 1, n_kblocks=meta[2],
-        row_ptr_stride=row_ptr.stride(0), col_stride=col_idx.stride(0),
+        layout_heads=row_sched.shape[0], n_qblocks=row_sched.shape[1], n_kblocks=meta[2],
+        col_stride=col_idx.stride(0),
         window_left=meta[0], window_right=meta[1],
         scale=scale, sm_count=_sm_count(dev), rank_major=meta[3],
     )
@@ -208,11 +216,11 @@ def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: t
 
 
 @torch.library.custom_op("blackwell_sparsek::attn_fwd", mutates_args=())
-def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.Tensor, col_idx: torch.Tensor,
-              block_kind: torch.Tensor, row_order: torch.Tensor, meta: list[int], scale: float,
+def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col_idx: torch.Tensor, block_kind: torch.Tensor,
+              row_sched: torch.Tensor, meta: list[int], scale: float,
               config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Block-sparse attention forward (see _attn_fwd_impl)."""
-    return _attn_fwd_impl(q, k, v, row_ptr, col_idx, block_kind, row_order, meta, scale, config_json)
+    return _attn_fwd_impl(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json)
 
 
 def _direct_call_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -227,7 +235,7 @@ def _direct_call_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 @_attn_fwd.register_fake
-def _attn_fwd_fake(q, k, v, row_ptr, col_idx, block_kind, row_order, meta, scale, config_json):
+def _attn_fwd_fake(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json):
     B, H, Sq, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -287,7 +295,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
             return _reference(q, k, v, layout, scale, return_lse)
         cfg_json, lay = plan
         fwd = _attn_fwd_impl if _direct_call_ok(q, k, v) else _attn_fwd  # the op's body, or through the dispatcher
-    o, lse = fwd(q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(), _meta(lay), scale, cfg_json)
+    o, lse = fwd(q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(), _meta(lay), scale, cfg_json)
     return (o, lse) if return_lse else o
 
 

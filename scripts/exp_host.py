@@ -9,7 +9,7 @@ L = bsk.BlockSparseLayout
 q, k, v = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
 lay = L.dense(128).to("cuda")
 cfg = ops.default_config(64, torch.float16, lay)
-op_args = (q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(), ops._meta(lay), 1 / math.sqrt(64),
+op_args = (q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(), ops._meta(lay), 1 / math.sqrt(64),
            cfg.to_json())
 
 

@@ -225,8 +225,8 @@ def test_eager_call_skips_the_dispatcher_with_the_same_result():
     lay = L.random_topk(seq_q=640, k=2, seed=5).to("cuda")
     o = bsk.sparse_attention(q, k, v, lay)
     cfg_json, dlay = ops._eager_plan(lay, None, 128, torch.float16, q.device)  # the call's (cached) config choice
-    o_op, _ = torch.ops.blackwell_sparsek.attn_fwd(q, k, v, dlay.row_ptr, dlay.col_idx, dlay.block_kind,
-                                                   dlay.row_order(), ops._meta(dlay), 1 / math.sqrt(128), cfg_json)
+    o_op, _ = torch.ops.blackwell_sparsek.attn_fwd(q, k, v, dlay.col_idx, dlay.block_kind, dlay.row_schedule(),
+                                                   ops._meta(dlay), 1 / math.sqrt(128), cfg_json)
     with Log() as log:
         o_mode = bsk.sparse_attention(q, k, v, lay)
     assert "blackwell_sparsek.attn_fwd.default" in log.ops
@@ -254,7 +254,7 @@ def test_opcheck_and_torch_compile():
     q, k, v = _qkv(1, 2, 384, 384, 128, torch.float16)
     lay = L.sliding_window(seq_q=384, window=200).to("cuda")
     cfg = default_config(128, torch.float16, lay)
-    args = (q, k, v, lay.row_ptr, lay.col_idx, lay.block_kind, lay.row_order(), ops._meta(lay), 1.0 / math.sqrt(128),
+    args = (q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(), ops._meta(lay), 1.0 / math.sqrt(128),
             cfg.to_json())
     torch.library.opcheck(torch.ops.blackwell_sparsek.attn_fwd.default, args)
 

@@ -130,9 +130,9 @@ def test_args_struct_matches_abi():
     S = runtime.args_struct(abi)
     assert [f for f, _ in S._fields_] == [f for f, _ in abi]
     assert runtime.args_struct(abi) is S  # one class per ABI
-    # C layout: 9 pointers, 6 ints, 14 long longs, 7 ints, a float, an int
-    assert S.q.offset == 0 and S.batch.offset == 9 * 8
-    assert S.q_stride_b.offset == 9 * 8 + 6 * 4 + 0  # 96: already 8-aligned
+    # C layout: 8 pointers, 6 ints, 14 long longs, 6 ints, a float, 2 ints
+    assert S.q.offset == 0 and S.batch.offset == 8 * 8
+    assert S.q_stride_b.offset == 8 * 8 + 6 * 4 + 0  # 88: already 8-aligned
     assert ctypes.sizeof(S) % 8 == 0
 
 

@@ -524,6 +524,22 @@ def test_row_order():
             assert order[h].tolist() == want
 
 
+def test_row_schedule():
+    empty_last = torch.zeros(2, 5, 4, dtype=torch.bool)
+    empty_last[0, 1, 2] = empty_last[0, 2, 0] = empty_last[0, 2, 3] = empty_last[1, 0, 1] = True  # rows 3, 4 empty
+    for lay in [L.causal(1000, block_m=64, block_n=64), L.random_topk(700, 3, 2, block_m=64, block_n=64),
+                L.from_block_mask(torch.rand(3, 9, 7, generator=torch.Generator().manual_seed(1)) < 0.5),
+                L.from_block_mask(empty_last), L.from_block_mask(torch.zeros(1, 3, 3, dtype=torch.bool))]:
+        sched = lay.row_schedule()
+        assert sched.dtype == torch.int32 and sched.shape == (lay.num_heads, lay.n_qblocks, 4)
+        assert sched.is_contiguous() and sched is lay.row_schedule()
+        rp, ci = lay.row_ptr.tolist(), lay.col_idx.tolist()
+        for h in range(lay.num_heads):
+            want = [[r, rp[h][r], rp[h][r + 1], ci[h][rp[h][r]] if rp[h][r + 1] > rp[h][r] else 0]
+                    for r in lay.row_order()[h].tolist()]
+            assert sched[h].tolist() == want
+
+
 def test_to_device_caching():
     lay = L.causal(1000, block_m=64, block_n=64)
     assert lay.to("cpu") is lay and lay.to(torch.device("cpu")) is lay and lay.cpu() is lay

@@ -3,7 +3,7 @@
 // The kernel shell (warp-specialized producer / two MMA warpgroups, register reallocation, pipelines) and the
 // online-softmax collective come from CUTLASS example 88 (shipped in the nvidia-cutlass wheel) by #include.
 // What is ours:
-//   * BsrMainloop: the producer walks col_idx[row_ptr[r] .. row_ptr[r+1]) and TMA-loads only those K/V tiles
+//   * BsrMainloop: the producer walks the row's col_idx[start .. end) and TMA-loads only those K/V tiles
 //     (GQA/MQA through the K/V head index); the consumers run WGMMA QK^T, mask only blocks whose block_kind says
 //     so (sequence end, element rule: causal / window edge), online softmax, WGMMA PV with P from registers, the
 //     softmax of tile j under the PV GEMM of tile j-1;
@@ -11,8 +11,9 @@
 //   * BsrEpilogue: O through shared memory and one TMA store per warpgroup that nobody waits on until the buffer
 //     is needed again; LSE straight to global.
 //   * BsrTileScheduler: uniform rows m fastest, so concurrent CTAs share a head's K/V in L2; rows of unequal length
-//     heaviest first (row_order from the layout) across a group of heads whose K/V fits in L2, group after group;
-//     one tile per CTA (cooperative) or persistent (ping-pong).
+//     heaviest first across a group of heads whose K/V fits in L2, group after group; one tile per CTA
+//     (cooperative) or persistent (ping-pong). Each tile reads one 16-byte entry of the layout's row schedule
+//     (row, start, end, first column; in that order), the only index load before the row's first K load.
 //   * attn_fwd_launch: the extern "C" launcher body (plain argument struct -> Params, TMA descriptors, launch
 //     on the caller's stream, every CUDA return code checked).
 #pragma once
@@ -113,11 +114,9 @@ using ProblemShape = cute::tuple<int, int, int, int, int>;  // B, H, Sq, Sk, D
 
 // What the kernel needs of the sparsity layout and the element rule.
 struct BsrParams {
-  const int* row_ptr;
   const int* col_idx;
   const uint8_t* block_kind;
   int layout_heads;
-  int row_ptr_stride;
   int col_stride;
   int heads_kv;
   int group;          // query heads per K/V head
@@ -126,16 +125,19 @@ struct BsrParams {
 };
 
 // Reads one query-block row's column indices and kinds 32 at a time (one coalesced load per warp per 32
-// blocks), handing them out with warp shuffles: the index load leaves the per-tile critical path.
+// blocks), handing them out with warp shuffles: the index load leaves the per-tile critical path. A cursor
+// without kinds (the K/V loader's) hands out block 0's column from the row's schedule entry (first_col), so the
+// row's first K load does not wait for the chunk.
 struct BsrRowCursor {
   const int* cols;
   const uint8_t* kinds;
   int count;
+  int first_col;
   int chunk_col = 0;
   int chunk_kind = 0;
 
-  CUTLASS_DEVICE BsrRowCursor(const int* cols_, const uint8_t* kinds_, int count_)
-      : cols(cols_), kinds(kinds_), count(count_) {}
+  CUTLASS_DEVICE BsrRowCursor(const int* cols_, const uint8_t* kinds_, int count_, int first_col_)
+      : cols(cols_), kinds(kinds_), count(count_), first_col(first_col_) {}
 
   // Every lane of the warp must call this with the same block index, in increasing order.
   CUTLASS_DEVICE void at(int blk, int& col, int& kind) {
@@ -144,6 +146,11 @@ struct BsrRowCursor {
       int i = blk + lane;
       chunk_col = i < count ? __ldg(cols + i) : 0;
       chunk_kind = (kinds != nullptr && i < count) ? int(__ldg(kinds + i)) : 0;
+    }
+    if (blk == 0 && kinds == nullptr) {
+      col = first_col;
+      kind = 0;
+      return;
     }
     col = __shfl_sync(0xffffffffu, chunk_col, blk % 32);
     kind = __shfl_sync(0xffffffffu, chunk_kind, blk % 32);
@@ -336,11 +343,13 @@ struct BsrCommon {
                       thr_qk.partition_C(make_identity_tensor(take<0, 2>(typename Base::TileShapeQK{}))));
   }
 
-  // This (batch, head, query-tile)'s row of the layout.
+  // This (batch, head, query-tile)'s row of the layout, from the schedule entry that the tile scheduler put into
+  // the block coordinate (mode 3: start, end, first column), so no index load stands before the row's first K.
   struct Row {
     const int* cols;
     const uint8_t* kinds;
     int count;  // blocks in the row
+    int first_col;
   };
 
   template <class BlkCoord>
@@ -348,12 +357,9 @@ struct BsrCommon {
     BsrParams const& l = params.bsr;
     int h = get<2, 1>(blk_coord);
     int lh = l.layout_heads == 1 ? 0 : h;
-    int r = int(get<0>(blk_coord)) / (BlockM / TileM);
-    const int* rp = l.row_ptr + size_t(lh) * l.row_ptr_stride;
-    int start = __ldg(rp + r);
-    int end = __ldg(rp + r + 1);
+    int start = get<3, 0>(blk_coord);
     size_t base = size_t(lh) * l.col_stride + start;
-    return Row{l.col_idx + base, l.block_kind + base, end - start};
+    return Row{l.col_idx + base, l.block_kind + base, get<3, 1>(blk_coord) - start, get<3, 2>(blk_coord)};
   }
 
   // Sequence-end and element-rule mask for one QK tile (only called on blocks whose kind asks for it). Per row the
@@ -482,7 +488,7 @@ struct BsrMainloop
     LoadV load_v{params.tma_load_v, pipeline, storage.smem_v};
     auto v_state = load_v.init_state(block_rank_in_cluster, kv_problem, TileShapePV{}, kv_coord, n_tiles);
 
-    BsrRowCursor cursor{row.cols, nullptr, row.count};
+    BsrRowCursor cursor{row.cols, nullptr, row.count, row.first_col};
     int kv_count = 2 * n_tiles;  // one K and one V load per tile
 
     if constexpr (kLoadQ) load_q.step(q_iter, q_state, smem_pipe_write_q, lane_predicate, q_count);
@@ -546,7 +552,7 @@ struct BsrMainloop
     Row row = Common::row_of(blk_coord, params);
     int n_tiles = row.count * kTilesPerBlockN;
     BSK_TR(tr_on && !tr_wg && n_tiles > 0, 0, 9, false);
-    BsrRowCursor cursor{row.cols, row.kinds, row.count};
+    BsrRowCursor cursor{row.cols, row.kinds, row.count, row.first_col};
 
     pipeline_q.consumer_wait(smem_pipe_read_q);
     BSK_TR(tr_on && !tr_wg, 0, 1, false);
@@ -759,7 +765,7 @@ struct BsrMainloopSingle
     auto v_state = load_v.init_state(0, kv_problem, TileShapePV{}, kv_coord, n_tiles);
 
     // Warp 0's view of the row: the K/V tile of load step t (monotonic t, as BsrRowCursor requires).
-    BsrRowCursor load_cursor{row.cols, nullptr, row.count};
+    BsrRowCursor load_cursor{row.cols, nullptr, row.count, row.first_col};
     int kv_count = 2 * n_tiles;
     int load_tile = 0;
     auto load_kv = [&](auto is_v, int t) {
@@ -809,7 +815,7 @@ struct BsrMainloopSingle
     Tensor tPcP = get<3>(ops);
     int q0 = int(get<0>(blk_coord)) * 64;
 
-    BsrRowCursor cursor{row.cols, row.kinds, row.count};
+    BsrRowCursor cursor{row.cols, row.kinds, row.count, row.first_col};
 
     pipeline_q.consumer_wait(smem_pipe_read_q);
 
@@ -893,13 +899,13 @@ struct BsrTileScheduler {
     int num_tiles;
     int m_tiles;       // query tiles per (batch, head)
     int tiles_per_row; // BlockM / TileM
-    int n_rows;        // layout rows (row_order stride)
+    int n_rows;        // layout rows (row_sched stride)
     int layout_heads;
     cutlass::FastDivmod div_m;
     cutlass::FastDivmod div_h;
     cutlass::FastDivmod div_group;        // heaviest-first order: (batch, head)s per group
     cutlass::FastDivmod div_group_tiles;  // tiles per group
-    const int* row_order;
+    const int4* row_sched;  // [layout heads][n_rows]: (row, start, end, first column), rows in schedule order
     int grid;
     int rank_major;
   };
@@ -915,7 +921,7 @@ struct BsrTileScheduler {
   // them (a divisor of batch * heads that the launcher picks so that a group's K/V fits in L2), group after group.
   // With every head in one group the tiles in flight would each read another head's K/V once the heads' K/V
   // outgrow L2 (causal rows over 1K keys at 16 x 16 heads: DRAM-bound); with none, the order within a head.
-  static Params make(int batch, int heads, int n_rows, int tiles_per_row, int layout_heads, const int* row_order,
+  static Params make(int batch, int heads, int n_rows, int tiles_per_row, int layout_heads, const int4* row_sched,
                      bool persistent, int sm_count, int rank_major, int group) {
     Params p;
     p.m_tiles = n_rows * tiles_per_row;
@@ -928,7 +934,7 @@ struct BsrTileScheduler {
     p.div_group = cutlass::FastDivmod(group);
     p.div_group_tiles = cutlass::FastDivmod(group * p.m_tiles);
     p.rank_major = rank_major;
-    p.row_order = row_order;
+    p.row_sched = row_sched;
     p.grid = persistent ? std::min(p.num_tiles, sm_count > 0 ? sm_count : 132) : p.num_tiles;
     return p;
   }
@@ -958,9 +964,9 @@ struct BsrTileScheduler {
     }
     params.div_h(b, h, rest);
     int lh = params.layout_heads == 1 ? 0 : h;
-    int row = __ldg(params.row_order + size_t(lh) * params.n_rows + rank / params.tiles_per_row);
-    int m_block = row * params.tiles_per_row + rank % params.tiles_per_row;
-    return make_coord(m_block, _0{}, make_coord(b, h));
+    int4 e = __ldg(params.row_sched + size_t(lh) * params.n_rows + rank / params.tiles_per_row);
+    int m_block = e.x * params.tiles_per_row + rank % params.tiles_per_row;
+    return make_coord(m_block, _0{}, make_coord(b, h), make_coord(e.y, e.z, e.w));
   }
 
   CUTLASS_DEVICE BsrTileScheduler& operator++() {
@@ -1217,7 +1223,7 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
   StrideQKV dO{int(a.o_stride_s), _1{}, make_tuple(int(a.o_stride_b), int(a.o_stride_h))};
   cute::tuple<_1, cute::tuple<int, int>> dLSE{_1{}, make_tuple(int(a.lse_stride_b), int(a.lse_stride_h))};
 
-  BsrParams bsr{a.row_ptr, a.col_idx, a.block_kind, a.layout_heads, a.row_ptr_stride, a.col_stride,
+  BsrParams bsr{a.col_idx, a.block_kind, a.layout_heads, a.col_stride,
                 a.heads_kv, a.heads / a.heads_kv, a.window_left, a.window_right};
 
   int device = 0;
@@ -1243,7 +1249,8 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
           nullptr),
       Epilogue::to_underlying_arguments(ps, typename Epilogue::Arguments{static_cast<Element*>(a.o), dO, a.lse, dLSE}),
       BsrTileScheduler::make(a.batch, a.heads, a.n_qblocks, Traits::kBlockM / Traits::kTileM, a.layout_heads,
-                             a.row_order, Traits::kPersistent, a.sm_count, a.rank_major, group)};
+                             reinterpret_cast<const int4*>(a.row_sched), Traits::kPersistent, a.sm_count, a.rank_major,
+                             group)};
 
   int smem = int(Named::SharedStorageSize);
   if (!known || !smem_set[device]) {

@@ -608,16 +608,21 @@ class BlockSparseLayout:
         return got
 
     def row_schedule(self) -> torch.Tensor:
-        """int32 [Hl, nq, 4], contiguous: per query-block row in ``row_order()``, (row, start, end, first column):
-        its ``col_idx`` range and first listed block (0 for an empty row). Cached. The kernel's tile scheduler reads
-        one 16-byte entry per tile, so no dependent index load stands before a row's first K/V load."""
+        """int32 [Hl, nq, 4], contiguous: per query-block row in ``row_order()``, (row, start, end, first), with
+        ``col_idx[start:end]`` the row's blocks and first = column | kind << 24 of its first block (0 for an empty
+        row). Cached. The kernel's tile scheduler reads one 16-byte entry per tile, so no dependent index load stands
+        before a row's first K/V load or its first softmax step."""
         got = self._cache.get("row_schedule")
         if got is None:
+            if self.n_kblocks > 1 << 24:
+                raise LayoutError(f"{self.n_kblocks} key blocks: the kernel's row schedule holds a block column in "
+                                  f"24 bits (at most {1 << 24}); use larger blocks")
             order = self.row_order().long()
             start = torch.gather(self.row_ptr[:, :-1], 1, order)
             end = torch.gather(self.row_ptr[:, 1:], 1, order)
             at = start.clamp(max=self.col_idx.shape[1] - 1).long()  # an empty last row starts past the end
-            first = torch.where(end > start, torch.gather(self.col_idx, 1, at), torch.zeros_like(start))
+            packed = self.col_idx | (self.block_kind.to(self.col_idx.dtype) << 24)
+            first = torch.where(end > start, torch.gather(packed, 1, at), torch.zeros_like(start))
             got = torch.stack([order.to(start.dtype), start, end, first], dim=2).to(torch.int32).contiguous()
             self._cache["row_schedule"] = got
         return got

@@ -146,7 +146,7 @@ def _check_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def _check_row_sched(s: torch.Tensor) -> None:
-    """The kernel's scheduler reads one 16-byte (row, start, end, first column) entry per tile."""
+    """The kernel's scheduler reads one 16-byte (row, start, end, first block) entry per tile."""
     if s.dtype != torch.int32 or s.dim() != 3 or s.shape[2] != 4 or not s.is_contiguous() or s.data_ptr() % 16:
         raise InputError(f"row_sched must be the layout's row_schedule() (contiguous 16-byte aligned int32 "
                          f"[Hl, nq, 4]); got {s.dtype} {tuple(s.shape)} with strides {s.stride()}")

@@ -533,11 +533,17 @@ def test_row_schedule():
         sched = lay.row_schedule()
         assert sched.dtype == torch.int32 and sched.shape == (lay.num_heads, lay.n_qblocks, 4)
         assert sched.is_contiguous() and sched is lay.row_schedule()
-        rp, ci = lay.row_ptr.tolist(), lay.col_idx.tolist()
+        rp, ci, bk = lay.row_ptr.tolist(), lay.col_idx.tolist(), lay.block_kind.tolist()
         for h in range(lay.num_heads):
-            want = [[r, rp[h][r], rp[h][r + 1], ci[h][rp[h][r]] if rp[h][r + 1] > rp[h][r] else 0]
-                    for r in lay.row_order()[h].tolist()]
+            first = [ci[h][rp[h][r]] | bk[h][rp[h][r]] << 24 if rp[h][r + 1] > rp[h][r] else 0
+                     for r in range(lay.n_qblocks)]
+            want = [[r, rp[h][r], rp[h][r + 1], first[r]] for r in lay.row_order()[h].tolist()]
             assert sched[h].tolist() == want
+    assert any(int(k) for k in L.causal(1000, block_m=64, block_n=64).row_schedule()[..., 3].flatten() >> 24)
+    wide = L(torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([[5]], dtype=torch.int32),
+             torch.zeros(1, 1, dtype=torch.uint8), seq_q=64, seq_k=((1 << 24) + 1) * 64, block_m=64, block_n=64)
+    with pytest.raises(LayoutError, match="24 bits"):
+        wide.row_schedule()
 
 
 def test_to_device_caching():

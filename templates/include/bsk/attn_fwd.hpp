@@ -13,7 +13,7 @@
 //   * BsrTileScheduler: uniform rows m fastest, so concurrent CTAs share a head's K/V in L2; rows of unequal length
 //     heaviest first across a group of heads whose K/V fits in L2, group after group; one tile per CTA
 //     (cooperative) or persistent (ping-pong). Each tile reads one 16-byte entry of the layout's row schedule
-//     (row, start, end, first column; in that order), the only index load before the row's first K load.
+//     (row, start, end, first block's column | kind << 24), the only index load before the row's first K load.
 //   * attn_fwd_launch: the extern "C" launcher body (plain argument struct -> Params, TMA descriptors, launch
 //     on the caller's stream, every CUDA return code checked).
 #pragma once
@@ -125,19 +125,19 @@ struct BsrParams {
 };
 
 // Reads one query-block row's column indices and kinds 32 at a time (one coalesced load per warp per 32
-// blocks), handing them out with warp shuffles: the index load leaves the per-tile critical path. A cursor
-// without kinds (the K/V loader's) hands out block 0's column from the row's schedule entry (first_col), so the
-// row's first K load does not wait for the chunk.
+// blocks), handing them out with warp shuffles: the index load leaves the per-tile critical path. Block 0's column
+// and kind come from the row's schedule entry (first: column | kind << 24), so neither the row's first K load nor
+// its first softmax waits for the chunk.
 struct BsrRowCursor {
   const int* cols;
   const uint8_t* kinds;
   int count;
-  int first_col;
+  int first;
   int chunk_col = 0;
   int chunk_kind = 0;
 
-  CUTLASS_DEVICE BsrRowCursor(const int* cols_, const uint8_t* kinds_, int count_, int first_col_)
-      : cols(cols_), kinds(kinds_), count(count_), first_col(first_col_) {}
+  CUTLASS_DEVICE BsrRowCursor(const int* cols_, const uint8_t* kinds_, int count_, int first_)
+      : cols(cols_), kinds(kinds_), count(count_), first(first_) {}
 
   // Every lane of the warp must call this with the same block index, in increasing order.
   CUTLASS_DEVICE void at(int blk, int& col, int& kind) {
@@ -147,9 +147,9 @@ struct BsrRowCursor {
       chunk_col = i < count ? __ldg(cols + i) : 0;
       chunk_kind = (kinds != nullptr && i < count) ? int(__ldg(kinds + i)) : 0;
     }
-    if (blk == 0 && kinds == nullptr) {
-      col = first_col;
-      kind = 0;
+    if (blk == 0) {
+      col = first & 0xffffff;
+      kind = int(unsigned(first) >> 24);
       return;
     }
     col = __shfl_sync(0xffffffffu, chunk_col, blk % 32);
@@ -344,12 +344,13 @@ struct BsrCommon {
   }
 
   // This (batch, head, query-tile)'s row of the layout, from the schedule entry that the tile scheduler put into
-  // the block coordinate (mode 3: start, end, first column), so no index load stands before the row's first K.
+  // the block coordinate (mode 3: start, end, first block's column | kind << 24), so no index load stands before
+  // the row's first K load or its first softmax.
   struct Row {
     const int* cols;
     const uint8_t* kinds;
     int count;  // blocks in the row
-    int first_col;
+    int first;  // block 0: column | kind << 24
   };
 
   template <class BlkCoord>
@@ -488,7 +489,7 @@ struct BsrMainloop
     LoadV load_v{params.tma_load_v, pipeline, storage.smem_v};
     auto v_state = load_v.init_state(block_rank_in_cluster, kv_problem, TileShapePV{}, kv_coord, n_tiles);
 
-    BsrRowCursor cursor{row.cols, nullptr, row.count, row.first_col};
+    BsrRowCursor cursor{row.cols, nullptr, row.count, row.first};
     int kv_count = 2 * n_tiles;  // one K and one V load per tile
 
     if constexpr (kLoadQ) load_q.step(q_iter, q_state, smem_pipe_write_q, lane_predicate, q_count);
@@ -552,7 +553,7 @@ struct BsrMainloop
     Row row = Common::row_of(blk_coord, params);
     int n_tiles = row.count * kTilesPerBlockN;
     BSK_TR(tr_on && !tr_wg && n_tiles > 0, 0, 9, false);
-    BsrRowCursor cursor{row.cols, row.kinds, row.count, row.first_col};
+    BsrRowCursor cursor{row.cols, row.kinds, row.count, row.first};
 
     pipeline_q.consumer_wait(smem_pipe_read_q);
     BSK_TR(tr_on && !tr_wg, 0, 1, false);
@@ -765,7 +766,7 @@ struct BsrMainloopSingle
     auto v_state = load_v.init_state(0, kv_problem, TileShapePV{}, kv_coord, n_tiles);
 
     // Warp 0's view of the row: the K/V tile of load step t (monotonic t, as BsrRowCursor requires).
-    BsrRowCursor load_cursor{row.cols, nullptr, row.count, row.first_col};
+    BsrRowCursor load_cursor{row.cols, nullptr, row.count, row.first};
     int kv_count = 2 * n_tiles;
     int load_tile = 0;
     auto load_kv = [&](auto is_v, int t) {
@@ -815,7 +816,7 @@ struct BsrMainloopSingle
     Tensor tPcP = get<3>(ops);
     int q0 = int(get<0>(blk_coord)) * 64;
 
-    BsrRowCursor cursor{row.cols, row.kinds, row.count, row.first_col};
+    BsrRowCursor cursor{row.cols, row.kinds, row.count, row.first};
 
     pipeline_q.consumer_wait(smem_pipe_read_q);
 
@@ -905,7 +906,7 @@ struct BsrTileScheduler {
     cutlass::FastDivmod div_h;
     cutlass::FastDivmod div_group;        // heaviest-first order: (batch, head)s per group
     cutlass::FastDivmod div_group_tiles;  // tiles per group
-    const int4* row_sched;  // [layout heads][n_rows]: (row, start, end, first column), rows in schedule order
+    const int4* row_sched;  // [layout heads][n_rows]: (row, start, end, column | kind << 24 of the first block)
     int grid;
     int rank_major;
   };

@@ -623,7 +623,7 @@ class BlockSparseLayout:
             at = start.clamp(max=self.col_idx.shape[1] - 1).long()  # an empty last row starts past the end
             packed = self.col_idx | (self.block_kind.to(self.col_idx.dtype) << 24)
             first = torch.where(end > start, torch.gather(packed, 1, at), torch.zeros_like(start))
-            got = torch.stack([order.to(start.dtype), start, end, first], dim=2).to(torch.int32).contiguous()
+            got = torch.stack([order.to(torch.int32), start, end, first], dim=2)  # int32 like row_ptr, contiguous
             self._cache["row_schedule"] = got
         return got
 

@@ -31,3 +31,15 @@ class CudaError(BskError, RuntimeError):
 
 class JitDisabledError(BskError, RuntimeError):
     """BSK_DISABLE_JIT=1 and the kernel is not in the cache: build it ahead of time or unset the variable."""
+
+
+class EnvError(BskError, ValueError):
+    """A BSK_* environment variable has a value the package cannot use; the message names the variable."""
+
+
+class CacheError(BskError, OSError):
+    """The kernel cache cannot be used as it is (root is a file, read-only, a removal failed)."""
+
+
+class UnsafeCacheError(CacheError, PermissionError):
+    """A cache directory or artifact could have been written by another user: nothing is loaded from it."""

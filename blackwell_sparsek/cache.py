@@ -1,68 +1,54 @@
-"""The on-disk kernel cache: keys, entries, locks, atomic publish, meta.json checks.
+"""Kernels in the artifact store: the cache key, build-or-find, and loading (once per process).
 
-Layout under the cache root ($BSK_CACHE_DIR, else ~/.cache/blackwell_sparsek)::
+The store (``jit/store.py``) owns the directories, locks, staging, publishing, trust checks and housekeeping; this
+module says what a kernel's key covers and how a kernel is produced (render, then nvcc in the staging directory).
 
-    <kernel_name>-<key[:16]>/   kernel.so, kernel.cu, meta.json (+ command.sh, nvcc.log)
-    locks/<key>.lock            one filelock per key
-    .staging/<key>-<pid>-<rand>/  builds in progress, published with os.replace
-    failed/<kernel_name>-<key16>-<pid>-<rand>/  failed builds kept for inspection (never used as a cache hit)
-
-Load path: try the entry (meta key matches, .so size and sha256 match) -> else take the key's lock -> check again ->
-build in a staging dir -> write meta.json last -> os.replace into place (a corrupt entry is moved aside first).
-
-Environment: BSK_CACHE_DIR, BSK_LOCK_TIMEOUT (seconds, default 900), BSK_DISABLE_JIT=1 (never compile: a missing
-kernel raises JitDisabledError; without nvcc the entry is found by config + source).
+Load path: the entry for (kernel name, key) verifies (meta key, artifact size and sha256) -> else build it under the
+key's lock -> load the .so with ctypes. Environment: BSK_CACHE_DIR, BSK_LOCK_TIMEOUT, BSK_DISABLE_JIT (never
+compile: a missing kernel raises JitDisabledError; without nvcc the entry is found by config + source).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import secrets
-import shutil
 import sys
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, _env
 from . import compiler
 from .codegen import render
 from .config import KernelConfig
 from .errors import BskError, JitDisabledError, KernelCompileError, ToolchainError
+from .jit import store
 
-META_NAME = "meta.json"
 SO_NAME = compiler.OUTPUT_NAME
 SRC_NAME = compiler.SOURCE_NAME
-DEFAULT_LOCK_TIMEOUT = 900.0
+sha256_file = store.sha256_file
+
+
+class CacheEntry(store.Entry):
+    """A store entry holding a kernel: its .so and the kernel name."""
+
+    @property
+    def so_path(self) -> Path:
+        return self.artifact_path
+
+    @property
+    def kernel_name(self) -> str:
+        return self.name
+
+
+def _kernel_entry(e: store.Entry | None) -> CacheEntry | None:
+    return None if e is None else CacheEntry(e.name, e.key, e.path, e.artifact, e.meta, e.built)
 
 
 def cache_root() -> Path:
-    env = os.environ.get("BSK_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "blackwell_sparsek"
+    return _env.cache_dir()
 
 
 def jit_disabled() -> bool:
-    return os.environ.get("BSK_DISABLE_JIT", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _lock_timeout() -> float:
-    raw = os.environ.get("BSK_LOCK_TIMEOUT", "")
-    try:
-        return float(raw) if raw.strip() else DEFAULT_LOCK_TIMEOUT
-    except ValueError:
-        raise BskError(f"BSK_LOCK_TIMEOUT={raw!r} is not a number of seconds") from None
-
-
-def sha256_file(path: Path) -> str:
-    """sha256 of a file's content, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return _env.flag("BSK_DISABLE_JIT")
 
 
 def _sha256_text(text: str) -> str:
@@ -95,136 +81,52 @@ def cache_key(config: KernelConfig, source: str | None = None,
     return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-# -- entries --------------------------------------------------------------------------------------------------
-
-@dataclass
-class CacheEntry:
-    key: str
-    kernel_name: str
-    path: Path
-    meta: dict[str, Any]
-    built: bool  # compiled by this call (False: found in the cache)
-
-    @property
-    def so_path(self) -> Path:
-        return self.path / SO_NAME
-
-
-def entry_dir(root: Path, kernel_name: str, key: str) -> Path:
-    return root / f"{kernel_name}-{key[:16]}"
-
-
-def _read_meta(d: Path) -> dict[str, Any] | None:
-    try:
-        meta = json.loads((d / META_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) else None
-
-
-def _check_artifact(d: Path, meta: dict[str, Any]) -> bool:
-    so = d / SO_NAME
-    try:
-        if so.stat().st_size != meta.get("so_size"):
-            return False
-        return sha256_file(so) == meta.get("so_sha256")
-    except OSError:
-        return False
-
-
 def verify_entry(d: Path, key: str) -> dict[str, Any] | None:
-    """meta.json of entry ``d`` when it is complete and belongs to ``key``; None when missing or corrupt."""
-    meta = _read_meta(d)
-    if meta is None or meta.get("key") != key:
+    """meta.json of kernel entry ``d`` when it is complete and belongs to ``key``; None when missing or corrupt."""
+    meta = store.read_meta(d)
+    if meta is None:
         return None
-    return meta if _check_artifact(d, meta) else None
+    return store.verify(d, str(meta.get("name", "")), key)
 
 
-def _find_without_toolchain(root: Path, config: KernelConfig, source: str) -> CacheEntry | None:
+# -- building -------------------------------------------------------------------------------------------------
+
+def _producer(config: KernelConfig, source: str, fingerprint: dict[str, Any], progress: bool | None):
+    def produce(dirs: store.BuildDirs) -> dict[str, Any]:
+        kernel_name = config.kernel_name
+        try:
+            result = compiler.compile_kernel(source, kernel_name, dirs.staging, config.arch,
+                                             failed_path=dirs.failed, progress=progress)
+        except KernelCompileError as e:
+            sys.stderr.write(f"[bsk] compiling {kernel_name} failed; nothing cached; build dir kept: "
+                             f"{e.build_dir}\n")
+            raise
+        return {
+            "kernel_name": kernel_name,
+            "family": config.family,
+            "config": config.to_dict(),
+            "config_json": config.to_json(),
+            "source_sha256": _sha256_text(source),
+            "flags": list(fingerprint.get("flags", [])),
+            "command": result.command,
+            "arch": config.arch.name,
+            "nvcc": result.command[0],
+            "nvcc_version": fingerprint.get("nvcc_version"),
+            "nvcc_release": compiler.nvcc_release(str(fingerprint.get("nvcc_version", ""))),
+            "cutlass_version": fingerprint.get("cutlass_version"),
+            "cutlass_tree": fingerprint.get("cutlass_tree"),
+            "bsk_headers": fingerprint.get("bsk_headers"),
+            "package_version": __version__,
+            "build_seconds": round(result.seconds, 3),
+        }
+    return produce
+
+
+def _find_without_toolchain(config: KernelConfig, source: str) -> CacheEntry | None:
     """With no nvcc/CUTLASS to compute the key: the newest intact entry built from this config and source."""
     src_sha = _sha256_text(source)
-    best: tuple[float, CacheEntry] | None = None
-    for d in root.glob(f"{config.kernel_name}-*"):
-        meta = _read_meta(d)
-        if (meta is None or meta.get("config_json") != config.to_json() or meta.get("source_sha256") != src_sha
-                or meta.get("package_version") != __version__ or not _check_artifact(d, meta)):
-            continue
-        t = float(meta.get("created_unix", 0))
-        if best is None or t > best[0]:
-            best = (t, CacheEntry(meta["key"], config.kernel_name, d, meta, built=False))
-    return best[1] if best else None
-
-
-def publish(staging: Path, final: Path, root: Path) -> None:
-    """Move a finished staging dir into place (the caller holds the key's lock); an entry already at ``final``
-    (corrupt or mismatched) is moved aside first."""
-    if final.exists():  # corrupt or mismatched entry: move it aside, then replace
-        trash = root / ".trash" / f"{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
-        trash.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(final, trash)
-        except FileNotFoundError:
-            pass
-        shutil.rmtree(trash, ignore_errors=True)
-    os.replace(staging, final)
-
-
-def _build_into_cache(config: KernelConfig, source: str, key: str, fingerprint: dict[str, Any], root: Path,
-                      progress: bool | None) -> CacheEntry:
-    kernel_name = config.kernel_name
-    staging = root / ".staging" / f"{key}-{os.getpid()}-{secrets.token_hex(4)}"
-    staging.mkdir(parents=True)
-    try:
-        result = compiler.compile_kernel(source, kernel_name, staging, config.arch, failed_root=root / "failed",
-                                         failed_name=f"{kernel_name}-{key[:16]}-{staging.name[len(key) + 1:]}",
-                                         progress=progress)
-    except KernelCompileError as e:
-        _print_err(f"[bsk] compiling {kernel_name} failed; nothing cached; build dir kept: {e.build_dir}")
-        raise
-    except BaseException:
-        if staging.exists():  # compile_kernel moved it to failed/ on a compile error; anything else: clean up
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
-    so = result.so_path
-    now = time.time()
-    meta = {
-        "key": key,
-        "kernel_name": kernel_name,
-        "family": config.family,
-        "config": config.to_dict(),
-        "config_json": config.to_json(),
-        "source_sha256": _sha256_text(source),
-        "so_sha256": sha256_file(so),
-        "so_size": so.stat().st_size,
-        "flags": list(fingerprint.get("flags", [])),
-        "command": result.command,
-        "arch": config.arch.name,
-        "nvcc": result.command[0],
-        "nvcc_version": fingerprint.get("nvcc_version"),
-        "nvcc_release": compiler.nvcc_release(str(fingerprint.get("nvcc_version", ""))),
-        "cutlass_version": fingerprint.get("cutlass_version"),
-        "cutlass_tree": fingerprint.get("cutlass_tree"),
-        "bsk_headers": fingerprint.get("bsk_headers"),
-        "package_version": __version__,
-        "build_seconds": round(result.seconds, 3),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
-        "created_unix": now,
-    }
-    tmp = staging / (META_NAME + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, staging / META_NAME)  # meta last: an entry without it is never a hit
-    final = entry_dir(root, kernel_name, key)
-    publish(staging, final, root)
-    return CacheEntry(key, kernel_name, final, meta, built=True)
-
-
-_thread_locks: dict[str, threading.Lock] = {}
-_thread_locks_guard = threading.Lock()
-
-
-def _thread_lock(key: str) -> threading.Lock:
-    with _thread_locks_guard:
-        return _thread_locks.setdefault(key, threading.Lock())
+    return _kernel_entry(store.find(lambda m: (m.get("config_json") == config.to_json() and m.get("source_sha256") == src_sha
+                                 and m.get("package_version") == __version__), config.kernel_name))
 
 
 def ensure_built(config: KernelConfig, *, progress: bool | None = None) -> CacheEntry:
@@ -232,45 +134,29 @@ def ensure_built(config: KernelConfig, *, progress: bool | None = None) -> Cache
     so it works on machines without a GPU (ahead-of-time builds)."""
     config.validate()
     source = render(config)
-    root = cache_root()
     try:
         fingerprint = compiler.toolchain_fingerprint(config.arch)
     except ToolchainError as e:
         if jit_disabled():
-            found = _find_without_toolchain(root, config, source)
+            found = _find_without_toolchain(config, source)
             if found is not None:
                 return found
             raise JitDisabledError(
-                f"{config.kernel_name} is not in the cache at {root}, BSK_DISABLE_JIT=1 and the toolchain is "
-                f"unusable ({e}). Build it ahead of time where nvcc is: python -m blackwell_sparsek build "
+                f"{config.kernel_name} is not in the cache at {cache_root()}, BSK_DISABLE_JIT=1 and the toolchain "
+                f"is unusable ({e}). Build it ahead of time where nvcc is: python -m blackwell_sparsek build "
                 f"'{config.to_json()}' (same BSK_CACHE_DIR), or unset BSK_DISABLE_JIT") from None
         raise
     key = cache_key(config, source, fingerprint)
-    final = entry_dir(root, config.kernel_name, key)
-    meta = verify_entry(final, key)
-    if meta is not None:
-        return CacheEntry(key, config.kernel_name, final, meta, built=False)
     if jit_disabled():
+        hit = _kernel_entry(store.lookup(config.kernel_name, key))
+        if hit is not None:
+            return hit
         raise JitDisabledError(
-            f"{config.kernel_name} (key {key[:16]}) is not in the cache at {root} and BSK_DISABLE_JIT=1. Build it "
-            f"ahead of time: python -m blackwell_sparsek build '{config.to_json()}' (same BSK_CACHE_DIR and "
-            f"toolchain), or unset BSK_DISABLE_JIT")
-
-    import filelock
-    (root / "locks").mkdir(parents=True, exist_ok=True)
-    lock_path = root / "locks" / f"{key}.lock"
-    timeout = _lock_timeout()
-    with _thread_lock(key):
-        try:
-            with filelock.FileLock(str(lock_path), timeout=timeout):
-                meta = verify_entry(final, key)  # someone else may have built it while we waited
-                if meta is not None:
-                    return CacheEntry(key, config.kernel_name, final, meta, built=False)
-                return _build_into_cache(config, source, key, fingerprint, root, progress)
-        except filelock.Timeout:
-            raise BskError(f"waited {timeout:.0f}s for the build lock {lock_path} of {config.kernel_name}: another "
-                           f"process is compiling it or died holding it; retry, raise BSK_LOCK_TIMEOUT, or delete "
-                           f"the lock file if no build is running") from None
+            f"{config.kernel_name} (key {key[:16]}) is not in the cache at {cache_root()} and BSK_DISABLE_JIT=1. "
+            f"Build it ahead of time: python -m blackwell_sparsek build '{config.to_json()}' (same BSK_CACHE_DIR "
+            f"and toolchain), or unset BSK_DISABLE_JIT")
+    return _kernel_entry(store.build(config.kernel_name, key, SO_NAME,
+                                     _producer(config, source, fingerprint, progress)))
 
 
 # -- loading --------------------------------------------------------------------------------------------------
@@ -279,9 +165,7 @@ _loaded: dict[tuple[str, ...], Any] = {}
 
 
 def _process_key(config: KernelConfig) -> tuple[str, ...]:
-    env = os.environ
-    return (config.to_json(), str(cache_root()), env.get("BSK_NVCC", ""), env.get("BSK_CUTLASS_DIR", ""),
-            env.get("BSK_LINEINFO", ""), env.get("BSK_NVCC_FLAGS", ""))
+    return (config.to_json(), str(cache_root()), json.dumps(_env.snapshot(), sort_keys=True))
 
 
 def build(config: KernelConfig, *, progress: bool | None = None):
@@ -293,16 +177,22 @@ def build(config: KernelConfig, *, progress: bool | None = None):
     from .runtime import CompiledKernel
     entry = ensure_built(config, progress=progress)
     try:
-        kernel = CompiledKernel(entry.so_path, config, entry.meta)
+        kernel = _load(entry, config)
     except BskError:
         if entry.built:
             raise
-        # A cache entry that verifies but does not load (e.g. written by a foreign toolchain): rebuild once.
-        shutil.rmtree(entry.path, ignore_errors=True)
+        # An entry that verifies but does not load (e.g. written by a foreign toolchain): rebuild once.
+        store.discard(entry)
         entry = ensure_built(config, progress=progress)
-        kernel = CompiledKernel(entry.so_path, config, entry.meta)
+        kernel = _load(entry, config)
     _loaded[pk] = kernel
     return kernel
+
+
+def _load(entry: CacheEntry, config: KernelConfig):
+    from .runtime import CompiledKernel
+    store.check_safe(store.root(), entry.artifact_path)  # right before dlopen: nobody else could have written it
+    return CompiledKernel(entry.artifact_path, config, entry.meta)
 
 
 def clear_loaded() -> None:
@@ -312,62 +202,23 @@ def clear_loaded() -> None:
 
 # -- housekeeping ---------------------------------------------------------------------------------------------
 
-def cache_ls() -> list[dict[str, Any]]:
-    """One dict per cache entry: kernel name, key, path, size, build seconds, created, valid (size check)."""
-    root = cache_root()
-    out: list[dict[str, Any]] = []
-    if not root.is_dir():
-        return out
-    for d in sorted(root.iterdir()):
-        if not d.is_dir() or d.name.startswith(".") or d.name in ("locks", "failed"):
-            continue
-        meta = _read_meta(d) or {}
-        so = d / SO_NAME
-        size = so.stat().st_size if so.is_file() else 0
-        out.append({
-            "kernel_name": meta.get("kernel_name", d.name.rsplit("-", 1)[0]),
-            "key": meta.get("key", ""),
-            "path": str(d),
-            "so_bytes": size,
-            "build_seconds": meta.get("build_seconds"),
-            "created": meta.get("created"),
-            "nvcc_release": meta.get("nvcc_release"),
-            "cutlass_version": meta.get("cutlass_version"),
-            "valid": bool(meta) and size == meta.get("so_size"),
-        })
-    return out
+def cache_ls(verify: bool = False) -> list[dict[str, Any]]:
+    """One dict per cache entry: kernel_name, key, path, so_bytes, build_seconds (float or None), created, valid
+    (meta and size checked; with ``verify`` the .so's sha256 and the key against the entry's name too)."""
+    entries, _ = store.ls(verify_hash=verify)
+    for e in entries:
+        e["kernel_name"] = e["name"]
+        e["so_bytes"] = e["bytes"]
+    return entries
 
 
 def failed_builds() -> list[Path]:
-    d = cache_root() / "failed"
-    return sorted(p for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
+    return store.failed_builds()
 
 
-def cache_clear(*, stale_staging_seconds: float = 3600.0) -> int:
-    """Remove every entry, failed build and stale staging dir; returns how many entries were removed.
-    Lock files stay (another process may hold one); staging dirs younger than an hour may be live builds."""
-    root = cache_root()
-    if not root.is_dir():
-        return 0
-    n = 0
-    for d in root.iterdir():
-        if d.is_dir() and not d.name.startswith(".") and d.name not in ("locks", "failed"):
-            shutil.rmtree(d, ignore_errors=True)
-            n += 1
-    shutil.rmtree(root / "failed", ignore_errors=True)
-    shutil.rmtree(root / ".trash", ignore_errors=True)
-    staging = root / ".staging"
-    if staging.is_dir():
-        now = time.time()
-        for d in staging.iterdir():
-            try:
-                if now - d.stat().st_mtime > stale_staging_seconds:
-                    shutil.rmtree(d, ignore_errors=True)
-            except OSError:
-                pass
+def cache_clear() -> store.ClearReport:
+    """Remove the entries, failed builds and dead staging dirs this package made; leave everything else (see
+    ClearReport: removed, failed, foreign). Forgets the in-process kernels."""
+    report = store.clear()
     _loaded.clear()
-    return n
-
-
-def _print_err(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
+    return report

@@ -111,7 +111,7 @@ def cmd_list_configs(a: argparse.Namespace) -> int:
 def cmd_cache(a: argparse.Namespace) -> int:
     from .cache import cache_clear, cache_ls, cache_root, failed_builds
     if a.action == "ls":
-        entries = cache_ls()
+        entries = cache_ls(verify=getattr(a, "verify", False))
         print(f"cache: {cache_root()} ({len(entries)} entries)")
         for e in entries:
             flag = "" if e["valid"] else "  [corrupt: rebuilt on next use]"
@@ -124,9 +124,14 @@ def cmd_cache(a: argparse.Namespace) -> int:
             for p in failed:
                 print(f"  {p}")
         return 0
-    n = cache_clear()
-    print(f"removed {n} entries from {cache_root()}")
-    return 0
+    report = cache_clear()
+    print(f"removed {len(report.removed)} entries from {report.root}")
+    if report.foreign:
+        shown = ", ".join(report.foreign[:8]) + (" ..." if len(report.foreign) > 8 else "")
+        print(f"left alone {len(report.foreign)} item(s) this package did not create: {shown}")
+    for path, why in report.failed:
+        print(f"error: could not remove {path}: {why}", file=sys.stderr)
+    return 0 if report.ok else 2
 
 
 def cmd_info(a: argparse.Namespace) -> int:

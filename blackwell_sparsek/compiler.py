@@ -1,12 +1,10 @@
 """nvcc: discovery, flags, CUTLASS include paths, the toolchain fingerprint, and one compile.
 
-Environment:
-  BSK_NVCC          path of nvcc to use (else $CUDA_HOME/bin/nvcc, else nvcc on PATH)
-  BSK_CUTLASS_DIR   a CUTLASS source tree (include/, tools/util/include/, examples/) instead of the one shipped in
-                    the nvidia-cutlass wheel (cutlass_library.source_path)
-  BSK_LINEINFO=1    add -lineinfo (source lines in profilers)
-  BSK_NVCC_FLAGS    extra nvcc flags, shell-split and appended (part of the cache key)
-  BSK_VERBOSE=1     print the nvcc command and a ticking progress line even when stderr is not a terminal
+Environment (read through _env): BSK_NVCC, BSK_CUTLASS_DIR, BSK_LINEINFO, BSK_NVCC_FLAGS, BSK_VERBOSE.
+
+nvcc runs under a small reaper process in a process group of its own: whatever ends the build (an error, Ctrl-C,
+SIGTERM, or this process dying outright: the reaper gets a parent-death signal) ends nvcc and every cicc/ptxas it
+started, so no compiler is left running.
 """
 from __future__ import annotations
 
@@ -16,14 +14,17 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from . import _env
 from ._paths import include_dir
 from .config import Arch
 from .errors import KernelCompileError, ToolchainError
@@ -44,12 +45,8 @@ _NVCC_HELP = ("set BSK_NVCC=/path/to/nvcc, or CUDA_HOME to a CUDA toolkit (>= 12
               "or put nvcc on PATH")
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def verbose() -> bool:
-    return _env_flag("BSK_VERBOSE")
+    return _env.flag("BSK_VERBOSE")
 
 
 # -- nvcc ---------------------------------------------------------------------------------------------------
@@ -60,7 +57,7 @@ def _is_exe(p: Path) -> bool:
 
 def find_nvcc() -> str:
     """Path of nvcc: $BSK_NVCC, then $CUDA_HOME/bin/nvcc ($CUDA_PATH too), then PATH."""
-    env = os.environ.get("BSK_NVCC")
+    env = _env.text("BSK_NVCC")
     if env:
         p = Path(env).expanduser()
         if not _is_exe(p):
@@ -118,9 +115,9 @@ class CutlassPaths:
 
 def cutlass_root() -> Path:
     """The CUTLASS source tree: $BSK_CUTLASS_DIR, else ``cutlass_library.source_path`` (nvidia-cutlass wheel)."""
-    env = os.environ.get("BSK_CUTLASS_DIR")
+    env = _env.path("BSK_CUTLASS_DIR")
     if env:
-        return Path(env).expanduser()
+        return env
     spec = importlib.util.find_spec("cutlass_library")
     if spec is None or not spec.submodule_search_locations:
         raise ToolchainError("CUTLASS not found: pip install nvidia-cutlass==4.2.0.0 "
@@ -187,14 +184,10 @@ def tree_signature(dirs: tuple[Path, ...]) -> str:
                     continue
     listing = hashlib.sha256("\n".join(
         f"{rel}\0{p}\0{st.st_size}\0{st.st_mtime_ns}" if st else rel for rel, p, st in files).encode()).hexdigest()
-    from .cache import cache_root  # lazy: cache imports this module
-    memo = cache_root() / ".tree-signatures" / listing
-    try:
-        text = memo.read_text().strip()
-        if len(text) == 64:
-            return text
-    except OSError:
-        pass
+    from .jit import store
+    text = store.memo_get(listing)
+    if text is not None and len(text) == 64:
+        return text
     h = hashlib.sha256()
     for rel, p, st in files:
         h.update(rel.encode() + b"\0")
@@ -203,13 +196,7 @@ def tree_signature(dirs: tuple[Path, ...]) -> str:
                 h.update(fh.read())
         h.update(b"\0")
     digest = h.hexdigest()
-    try:  # best effort, atomic: a torn write is never read back as a digest
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f"{listing}.{os.getpid()}.tmp")
-        tmp.write_text(digest)
-        os.replace(tmp, memo)
-    except OSError:
-        pass
+    store.memo_put(listing, digest)
     return digest
 
 
@@ -247,11 +234,9 @@ def clear_memos() -> None:
 def nvcc_flags(arch: Arch) -> list[str]:
     """Every nvcc flag but include paths and file names, in command order; part of the cache key."""
     flags = list(BASE_FLAGS) + [arch.gencode]
-    if _env_flag("BSK_LINEINFO"):
+    if _env.flag("BSK_LINEINFO"):
         flags.append("-lineinfo")
-    extra = os.environ.get("BSK_NVCC_FLAGS", "").strip()
-    if extra:
-        flags += shlex.split(extra)
+    flags += _env.nvcc_extra_flags()
     return flags + list(LINK_FLAGS)
 
 
@@ -353,12 +338,82 @@ def _repro(build_dir: Path, cmd: list[str]) -> str:
     return f"cd {shlex.quote(str(build_dir))} && {shlex.join(cmd)}"
 
 
+# The reaper: leader of nvcc's process group. It asks the kernel for SIGTERM when its parent dies (so a killed
+# Python process still ends the build), and on SIGTERM/SIGINT/SIGHUP kills the whole group: nvcc, cicc, ptxas.
+_REAPER = r"""
+import ctypes, os, signal, subprocess, sys
+def die(*_):
+    os.killpg(0, signal.SIGKILL)
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, die)
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG (Linux)
+except Exception:
+    pass
+if os.getppid() != int(sys.argv[1]):
+    die()  # the parent died before the signal was armed
+rc = subprocess.Popen(sys.argv[2:]).wait()
+sys.exit(rc if rc >= 0 else 128 - rc)
+"""
+
+
+@contextmanager
+def _sigterm_unwinds():
+    """In the main thread, while nvcc runs, turn a default-action SIGTERM into SystemExit so the build's cleanup
+    (kill the group, remove the staging dir) runs instead of the process vanishing mid-build."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum, frame):  # noqa: ANN001
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def run_compiler(cmd: list[str], cwd: Path) -> tuple[int, str]:
+    """Run ``cmd`` (nvcc) in ``cwd`` under the reaper; (exit code, combined output). A compiler killed by a
+    signal comes back as 128 + the signal number."""
+    proc = subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), *cmd], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            text=True, errors="replace", start_new_session=True)
+    try:
+        with _sigterm_unwinds():
+            out, _ = proc.communicate()
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+        raise
+    return proc.returncode, out or ""
+
+
+def describe_exit(code: int) -> str:
+    """'exit 2', or the signal that ended the compiler and what usually sends it."""
+    sig = code - 128 if code > 128 else -code if code < 0 else 0
+    if sig:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        why = (": most likely out of memory (each nvcc of these kernels needs ~2 GB; build fewer at once, -j 1)"
+               if sig == signal.SIGKILL else "")
+        return f"killed by {name}{why}"
+    return f"exit {code}"
+
+
 def compile_kernel(source: str, kernel_name: str, build_dir: Path, arch: Arch, *,
-                   failed_root: Path | None = None, failed_name: str | None = None,
-                   progress: bool | None = None) -> CompileResult:
+                   failed_path: Path | None = None, progress: bool | None = None) -> CompileResult:
     """Write ``source`` to ``build_dir/kernel.cu`` and run nvcc there (cwd = build_dir) into ``kernel.so``.
 
-    On failure the build dir (kernel.cu, command.sh, nvcc.log) is kept -- moved under ``failed_root`` when given --
+    On failure the build dir (kernel.cu, command.sh, nvcc.log) is kept -- moved to ``failed_path`` when given --
     and KernelCompileError carries the first error lines, the kernel name, a one-line repro and that path.
     """
     build_dir = Path(build_dir)
@@ -372,30 +427,24 @@ def compile_kernel(source: str, kernel_name: str, build_dir: Path, arch: Arch, *
         progress = sys.stderr.isatty() or verbose()
     if verbose():
         sys.stderr.write(f"[bsk] {_repro(build_dir, cmd)}\n")
+    if not Path(cmd[0]).is_file() and shutil.which(cmd[0]) is None:
+        raise ToolchainError(f"cannot run {cmd[0]}: no such file; {_NVCC_HELP}")
     t0 = time.monotonic()
     with _Progress(kernel_name, progress) as prog:
-        try:
-            proc = subprocess.run(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, text=True, errors="replace")
-        except OSError as e:
-            prog.ok = False
-            raise ToolchainError(f"cannot run {cmd[0]}: {e}; {_NVCC_HELP}") from None
-        prog.ok = proc.returncode == 0
+        returncode, log = run_compiler(cmd, build_dir)
+        prog.ok = returncode == 0
     seconds = time.monotonic() - t0
-    log = proc.stdout or ""
     (build_dir / LOG_NAME).write_text(log)
     so_path = build_dir / OUTPUT_NAME
-    if proc.returncode == 0 and so_path.is_file() and so_path.stat().st_size > 0:
+    if returncode == 0 and so_path.is_file() and so_path.stat().st_size > 0:
         return CompileResult(so_path, seconds, cmd, log)
 
     kept = build_dir
-    if failed_root is not None:
-        failed_root.mkdir(parents=True, exist_ok=True)
-        kept = failed_root / (failed_name or build_dir.name)
-        if kept.exists():
-            shutil.rmtree(kept, ignore_errors=True)
-        shutil.move(str(build_dir), str(kept))
-    why = (f"exit {proc.returncode}" if proc.returncode != 0 else f"exit 0 but no {OUTPUT_NAME} was written")
+    if failed_path is not None:
+        failed_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.move(str(build_dir), str(failed_path))
+        kept = failed_path
+    why = describe_exit(returncode) if returncode != 0 else f"exit 0 but no {OUTPUT_NAME} was written"
     errors = first_error_lines(log) or ["(nvcc printed nothing)"]
     err = KernelCompileError(
         f"nvcc failed to compile {kernel_name} ({why}, {seconds:.1f}s):\n"
@@ -407,5 +456,5 @@ def compile_kernel(source: str, kernel_name: str, build_dir: Path, arch: Arch, *
     err.repro = _repro(kept, cmd)
     err.build_dir = kept
     err.log = log
-    err.returncode = proc.returncode
+    err.returncode = returncode
     raise err

@@ -182,14 +182,14 @@ printf '#!/bin/sh\\necho built\\n' > "$out"; chmod +x "$out"
     b1 = ex88.build(tc, progress=False)
     assert b1.is_file() and b1.parent == tc.entry
     meta = json.loads((tc.entry / "meta.json").read_text())
-    assert meta["key"] == tc.key and meta["binary_size"] == b1.stat().st_size
+    assert meta["key"] == tc.key and meta["artifact_size"] == b1.stat().st_size
     assert ex88.build(tc, progress=False) == b1
     assert len(count.read_text().split()) == 1          # second call is a cache hit
     b1.write_text("#!/bin/sh\necho corrupted\n")          # corrupt: sha mismatch -> rebuild
-    assert ex88._valid_entry(tc.entry, tc.key) is None
+    assert ex88.cached_binary(tc) is None
     ex88.build(tc, progress=False)
     assert len(count.read_text().split()) == 2
-    assert not list((tmp_path / "cache" / "ex88").glob(".staging-*"))
+    assert not list((tmp_path / "cache" / ".staging").iterdir())
 
 
 def test_build_failure_keeps_dir_and_raises(tmp_path, monkeypatch):
@@ -201,8 +201,8 @@ def test_build_failure_keeps_dir_and_raises(tmp_path, monkeypatch):
         ex88.build(tc, progress=False)
     msg = str(ei.value)
     assert "identifier oops" in msg and "repro:" in msg and "build dir kept" in msg
-    assert ex88._valid_entry(tc.entry, tc.key) is None
-    assert list((tmp_path / "cache" / "ex88").glob("failed-*"))
+    assert ex88.cached_binary(tc) is None
+    assert list((tmp_path / "cache" / "failed").glob(f"{ex88.STORE_NAME}-*"))
 
 
 def test_import_binary_and_env_override(tmp_path, monkeypatch):
@@ -210,7 +210,7 @@ def test_import_binary_and_env_override(tmp_path, monkeypatch):
     tc = _toolchain(tmp_path, tmp_path / "nvcc-unused")
     built = _script(tmp_path / "prebuilt", "echo hi\n")
     p = ex88.import_binary(built, tc, note="test")
-    assert p.is_file() and ex88._valid_entry(tc.entry, tc.key) == p
+    assert p.is_file() and ex88.cached_binary(tc) == p
     assert json.loads((tc.entry / "meta.json").read_text())["imported_from"].endswith("prebuilt")
     monkeypatch.setenv("BSK_EX88_BIN", str(built))
     assert ex88.locate(build_if_missing=False) == built

@@ -88,7 +88,7 @@ def test_build_then_hits(fake_nvcc, cfg, bsk_cache, clean_cwd):
     assert {"kernel.cu", "kernel.so", "meta.json"} <= {p.name for p in entry_dir.iterdir()}
     assert (entry_dir / "kernel.cu").read_text() == cache.render(cfg)
     meta = json.loads((entry_dir / "meta.json").read_text())
-    for field in ("key", "config", "kernel_name", "so_sha256", "so_size", "flags", "nvcc_version",
+    for field in ("key", "config", "kernel_name", "artifact_sha256", "artifact_size", "flags", "nvcc_version",
                   "cutlass_version", "package_version", "build_seconds", "created"):
         assert field in meta, field
     assert meta["config"] == cfg.to_dict()
@@ -294,7 +294,7 @@ def test_cache_ls_and_clear(fake_nvcc, bsk_cache):
     ls = cache.cache_ls()
     assert {e["kernel_name"] for e in ls} == {a.kernel_name, b.kernel_name}
     assert all(e["valid"] and e["so_bytes"] > 0 for e in ls)
-    assert cache.cache_clear() == 2
+    assert len(cache.cache_clear().removed) == 2
     assert cache.cache_ls() == []
     cache.ensure_built(AttentionConfig())
     assert fake_nvcc.count() == 3

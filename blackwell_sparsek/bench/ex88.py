@@ -10,9 +10,9 @@ Example 88 is the dense Hopper FMHA our kernels measure themselves against (docs
 
 ``[OK]`` replaces ``[--]`` when ``--verify`` checked the result, ``[FAIL]`` marks a kernel that failed.
 
-Binary resolution order (:func:`locate`): ``$BSK_EX88_BIN`` → the on-disk cache
-(``$BSK_CACHE_DIR`` or ``~/.cache/blackwell_sparsek``)``/ex88/<key>/88_hopper_fmha`` → build (many minutes on a
-small machine; safe under concurrency: one file lock per key, a staging dir and ``os.replace``).
+Binary resolution order (:func:`locate`): ``$BSK_EX88_BIN`` → the artifact store that also holds our kernels
+(``jit/store.py``: entry ``cutlass_ex88_hopper_fmha-<key16>/88_hopper_fmha``, same locks, staging, trust checks) →
+build (many minutes on a small machine).
 
 Command line (maintenance)::
 
@@ -32,18 +32,21 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..cache import cache_root, publish, sha256_file
-from ..compiler import cutlass_root, nvcc_version, read_cutlass_version
+from .. import _env
+from ..compiler import _Progress as compiler_progress
+from ..compiler import cutlass_root, describe_exit, nvcc_version, read_cutlass_version, run_compiler
 from ..compiler import find_nvcc as compiler_find_nvcc
 from ..errors import KernelCompileError, ToolchainError
+from ..jit import store
+from ..jit.store import sha256_file
 
 EX88 = "88_hopper_fmha"
-CACHE_FORMAT = 1
+STORE_NAME = "cutlass_ex88_hopper_fmha"  # its entries in the artifact store: <STORE_NAME>-<key16>/
+CACHE_FORMAT = 2
 # The flags of the example's CMake target for sm_90a (see docs/bench.md); paths are added by build_command().
 BASE_FLAGS: tuple[str, ...] = (
     "-std=c++17", "-O3", "--use_fast_math", "-DNDEBUG", "--expt-relaxed-constexpr",
@@ -176,36 +179,6 @@ def cache_key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def ex88_cache_dir() -> Path:
-    return cache_root() / "ex88"
-
-
-def _valid_entry(entry: Path, key: str) -> Path | None:
-    """The binary in cache entry ``entry`` if its meta.json matches ``key`` and the binary's hash, else None."""
-    meta_p, binp = entry / "meta.json", entry / EX88
-    try:
-        meta = json.loads(meta_p.read_text())
-    except (OSError, ValueError):
-        return None
-    if meta.get("key") != key or not binp.is_file():
-        return None
-    try:
-        if binp.stat().st_size != meta.get("binary_size") or sha256_file(binp) != meta.get("binary_sha256"):
-            return None
-    except OSError:
-        return None
-    if not os.access(binp, os.X_OK):
-        return None
-    return binp
-
-
-def _write_meta(entry: Path, key: str, fields: dict[str, Any], **extra: Any) -> None:
-    binp = entry / EX88
-    meta = {"key": key, **fields, "binary_size": binp.stat().st_size, "binary_sha256": sha256_file(binp),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
-    (entry / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-
-
 @dataclasses.dataclass
 class Toolchain:
     nvcc: Path
@@ -224,106 +197,89 @@ class Toolchain:
 
     @property
     def entry(self) -> Path:
-        return ex88_cache_dir() / self.key
+        return store.entry_dir(store.root(), STORE_NAME, self.key)
 
 
 def cached_binary(tc: Toolchain | None = None) -> Path | None:
+    """The cached, verified, executable binary for this toolchain, or None."""
     tc = tc or Toolchain.discover()
-    return _valid_entry(tc.entry, tc.key)
+    hit = store.lookup(STORE_NAME, tc.key)
+    if hit is None or not os.access(hit.artifact_path, os.X_OK):
+        return None
+    return hit.artifact_path
+
+
+def _store(tc: Toolchain, produce) -> Path:
+    entry = store.build(STORE_NAME, tc.key, EX88, produce, what="CUTLASS example 88",
+                        lock_timeout=max(_env.lock_timeout(), BUILD_LOCK_TIMEOUT_S))
+    return entry.artifact_path
 
 
 def build(tc: Toolchain | None = None, *, progress: bool = True) -> Path:
     """Build example 88 into the cache (or return the cached binary). Takes many minutes on a small machine."""
-    from filelock import FileLock, Timeout
     tc = tc or Toolchain.discover()
-    hit = _valid_entry(tc.entry, tc.key)
+    hit = cached_binary(tc)
     if hit:
         return hit
     curand = find_curand_include()
-    root = ex88_cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(root / f"{tc.key}.lock"), timeout=BUILD_LOCK_TIMEOUT_S)
-    try:
-        with lock:
-            hit = _valid_entry(tc.entry, tc.key)
-            if hit:
-                return hit
-            staging = Path(tempfile.mkdtemp(prefix=f".staging-{tc.key[:12]}-", dir=root))
-            os.chmod(staging, 0o755)
-            cmd = build_command(tc.nvcc, tc.src, curand, staging / EX88)
-            log_p = staging / "build.log"
-            (staging / "command.txt").write_text(" ".join(cmd) + "\n")
-            t0 = time.monotonic()
-            if progress:
-                _log(f"[bsk] compiling CUTLASS example 88 ({tc.fields['cutlass_version']}) with {tc.nvcc}; this "
-                     f"takes several minutes (one translation unit, ~10 kernels)")
-            with open(log_p, "w") as log:
-                proc = subprocess.Popen(cmd, cwd=staging, stdout=log, stderr=subprocess.STDOUT)
-                last = t0
-                while proc.poll() is None:
-                    time.sleep(1.0)
-                    now = time.monotonic()
-                    if progress and now - last >= 30:
-                        _log(f"[bsk]   still compiling example 88 ... {now - t0:.0f} s")
-                        last = now
-            elapsed = time.monotonic() - t0
-            if proc.returncode != 0 or not (staging / EX88).is_file():
-                failed = root / f"failed-{tc.key[:12]}-{time.strftime('%Y%m%d-%H%M%S')}"
-                os.replace(staging, failed)
-                text = (failed / "build.log").read_text(errors="replace")
-                errs = [ln for ln in text.splitlines() if "error" in ln.lower()][:10] or text.splitlines()[-10:]
-                raise KernelCompileError(
-                    f"nvcc failed building CUTLASS example 88 (rc={proc.returncode}, {elapsed:.0f} s):\n  "
-                    + "\n  ".join(errs) + f"\nrepro: {' '.join(build_command(tc.nvcc, tc.src, curand, EX88))}"
-                    + f"\nbuild dir kept: {failed}")
-            _write_meta(staging, tc.key, tc.fields, build_seconds=round(elapsed, 1), curand_include=str(curand),
-                        command=cmd)
-            publish(staging, tc.entry, ex88_cache_dir())
-            if progress:
-                _log(f"[bsk] example 88 built in {elapsed:.0f} s -> {tc.entry / EX88}")
-    except Timeout:
-        raise ToolchainError(f"timed out waiting for another process building example 88 "
-                             f"(lock {root / (tc.key + '.lock')})") from None
-    hit = _valid_entry(tc.entry, tc.key)
-    if hit is None:
-        raise ToolchainError(f"example 88 cache entry {tc.entry} is invalid right after building it")
-    return hit
+
+    def produce(dirs: store.BuildDirs) -> dict[str, Any]:
+        cmd = build_command(tc.nvcc, tc.src, curand, EX88)
+        (dirs.staging / "command.txt").write_text(" ".join(cmd) + "\n")
+        if progress:
+            _log(f"[bsk] compiling CUTLASS example 88 ({tc.fields['cutlass_version']}) with {tc.nvcc}; this takes "
+                 f"several minutes (one translation unit, ~10 kernels)")
+        t0 = time.monotonic()
+        with compiler_progress("CUTLASS example 88", progress):
+            rc, log = run_compiler(cmd, dirs.staging)
+        elapsed = time.monotonic() - t0
+        (dirs.staging / "build.log").write_text(log)
+        if rc != 0 or not (dirs.staging / EX88).is_file():
+            shutil.move(str(dirs.staging), str(dirs.failed))
+            errs = [ln for ln in log.splitlines() if "error" in ln.lower()][:10] or log.splitlines()[-10:]
+            raise KernelCompileError(
+                f"nvcc failed building CUTLASS example 88 ({describe_exit(rc)}, {elapsed:.0f} s):\n  "
+                + "\n  ".join(errs) + f"\nrepro: cd {dirs.failed} && {' '.join(cmd)}"
+                + f"\nbuild dir kept: {dirs.failed}")
+        if progress:
+            _log(f"[bsk] example 88 built in {elapsed:.0f} s")
+        return {**tc.fields, "build_seconds": round(elapsed, 1), "curand_include": str(curand), "command": cmd}
+
+    return _store(tc, produce)
 
 
 def import_binary(path: str | os.PathLike[str], tc: Toolchain | None = None, *, note: str = "") -> Path:
     """Adopt a binary built with exactly :func:`build_command` (same flags, this nvcc, this CUTLASS) into the cache."""
-    from filelock import FileLock
     src_bin = Path(path)
     if not src_bin.is_file():
         raise ToolchainError(f"no binary at {src_bin}")
     tc = tc or Toolchain.discover()
-    root = ex88_cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"{tc.key}.lock"), timeout=BUILD_LOCK_TIMEOUT_S):
-        hit = _valid_entry(tc.entry, tc.key)
-        if hit:
-            return hit
-        staging = Path(tempfile.mkdtemp(prefix=f".staging-{tc.key[:12]}-", dir=root))
-        os.chmod(staging, 0o755)
-        shutil.copy2(src_bin, staging / EX88)
-        os.chmod(staging / EX88, 0o755)
-        _write_meta(staging, tc.key, tc.fields, imported_from=str(src_bin.resolve()), note=note)
-        publish(staging, tc.entry, ex88_cache_dir())
-    hit = _valid_entry(tc.entry, tc.key)
-    assert hit is not None
-    return hit
+
+    def produce(dirs: store.BuildDirs) -> dict[str, Any]:
+        shutil.copyfile(src_bin, dirs.staging / EX88)
+        os.chmod(dirs.staging / EX88, 0o700)
+        return {**tc.fields, "imported_from": str(src_bin.resolve()), "note": note}
+
+    return _store(tc, produce)
+
+
+def _check_user_binary(p: Path) -> None:
+    """BSK_EX88_BIN runs as this user: it and its directory must be writable by nobody but its owner, who must be
+    this user or root (the store's rule for what it runs)."""
+    for q in (p.parent.resolve(), p.resolve()):
+        store.check_path(q)
 
 
 def locate(*, build_if_missing: bool = True, progress: bool = True) -> Path:
     """Path of a runnable example-88 binary: $BSK_EX88_BIN, else the cache, else build it (if allowed)."""
-    env = os.environ.get("BSK_EX88_BIN")
+    env = _env.path("BSK_EX88_BIN")
     if env:
-        p = Path(env)
-        if not (p.is_file() and os.access(p, os.X_OK)):
+        if not (env.is_file() and os.access(env, os.X_OK)):
             raise ToolchainError(f"BSK_EX88_BIN={env} is not an executable file")
-        return p
+        _check_user_binary(env)
+        return env
     tc = Toolchain.discover()
-    hit = _valid_entry(tc.entry, tc.key)
+    hit = cached_binary(tc)
     if hit:
         return hit
     if not build_if_missing:

@@ -1,9 +1,11 @@
-"""Dev: build, on the CPU host, every kernel a GPU session runs (the GPU tests, exp_* scripts, bench --headline,
-compare-88), into BSK_CACHE_DIR; carry that folder to the GPU machine (scripts/gpu_session.sh points there).
+"""Build, on a CPU host with nvcc, every kernel a GPU session runs (the GPU tests, bench --headline, compare-88),
+into BSK_CACHE_DIR; carry that folder to a GPU machine without network (dev/gpu_session.sh points the cache there).
 
-    BSK_CACHE_DIR=$PWD/.bskcache python scripts/prebuild.py [-j N]
-The configs are sparse_attention's own choices for the tests' layouts (ops.default_config), plus every named one;
-the package's `build` command compiles them (arguments after the script's name go to it).
+    BSK_CACHE_DIR=$PWD/.bskcache python dev/prebuild.py [-j N]
+
+The configs are sparse_attention's own choices for the GPU tests' layouts (ops.default_config), plus every named
+one; the package's `build` command compiles them (arguments after the script's name go to it). The cache key is
+content-based (config, source, toolchain, flags), so the same wheel and nvcc on the GPU machine give cache hits.
 """
 import sys
 import torch
@@ -24,7 +26,7 @@ for dt in (torch.float16, torch.bfloat16):  # test_head_dim_256
     cfgs += [default_config(256, dt, lay), default_config(256, dt, lay.with_causal())]
 lay = L.dense(seq_q=300, seq_k=777)  # test_gqa_bshd_and_causal_rectangular
 cfgs += [default_config(128, torch.bfloat16, lay, schedule=s) for s in Schedule]
-for d in (64, 128):  # the bench and dev scripts: fp16 at both schedules
+for d in (64, 128):  # bench and compare-88: fp16 at both schedules
     cfgs += [default_config(d, torch.float16, L.dense(8192), schedule=s)
              for s in (Schedule.PINGPONG, Schedule.COOPERATIVE)]
 sys.exit(cli.main(["build", *dict.fromkeys(c.to_json() for c in cfgs), *sys.argv[1:]]))

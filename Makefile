@@ -8,13 +8,18 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install test test-real-compile build-all wheel clean compare-88 bench profile
+.PHONY: install demo test test-real-compile build-all wheel clean compare-88 bench profile
 
 install:
 ifneq ($(strip $(TORCH)),)
 	$(PIP) install "$(TORCH)"
 endif
 	$(PIP) install -e ".[test]"
+
+# The main job end to end: install, generate and build a kernel, run sparse attention on a few layouts and check
+# it against the float64 reference (on the GPU when there is an H100/H200, else on the CPU fallback; it says which).
+demo: install
+	$(PYTHON) examples/quickstart.py
 
 test:
 	$(PYTHON) -m pytest -q tests $(PYTEST_ARGS)

@@ -4,7 +4,7 @@
     python examples/compare_ex88.py                                   # default shapes, full + causal
     python examples/compare_ex88.py --shapes 2x16x8192x128 --masks full --iterations 50
 
-Same as ``python -m blackwell_sparsek compare-88 ...``; see docs/bench.md. Skips (exit 0) without a CUDA GPU;
+Same as ``python -m blackwell_sparsek compare-88 ...``; see docs/benchmarks.md. Skips (exit 0) without a CUDA GPU;
 exit 1 when one of our kernels fails or disagrees with torch SDPA.
 """
 from __future__ import annotations

@@ -14,9 +14,11 @@ from .config import (  # noqa: E402
     AttentionConfig,
     DType,
     KernelConfig,
+    ConfigTypeError,
     Schedule,
     get_config,
     load_named_configs,
+    resolve_config,
 )
 from .errors import (  # noqa: E402
     BskError,
@@ -31,20 +33,30 @@ from .errors import (  # noqa: E402
 
 if TYPE_CHECKING:  # pragma: no cover
     from os import PathLike
+    from typing import Mapping
 
     from .runtime import CompiledKernel
 
+    ConfigSpec = KernelConfig | str | PathLike[str] | Mapping[str, Any]
 
-def generate(config: KernelConfig, out_path: str | PathLike[str]) -> Any:
-    """Validate ``config``, render its CUDA source and write it to ``out_path``; returns the path."""
+
+def generate(config: ConfigSpec, out_path: str | PathLike[str]) -> Any:
+    """Validate ``config``, render its CUDA source and write it to ``out_path``; returns the path written.
+
+    ``config`` is a config object, a dict of fields, inline JSON, a .json path or a named config (as on the command
+    line); ``out_path`` a file path, or a directory that gets ``<kernel_name>.cu``."""
     from .codegen import generate as _generate
     return _generate(config, out_path)
 
 
-def build(config: KernelConfig) -> CompiledKernel:
-    """Compile ``config`` (or take it from the on-disk cache) and load it; returns a ``CompiledKernel``."""
+def build(config: ConfigSpec) -> CompiledKernel:
+    """Compile ``config`` (or take it from the on-disk cache) and load it; returns a ``CompiledKernel``.
+
+    ``config`` is a config object, a dict of fields, inline JSON, a .json path or a named config (as on the command
+    line); anything else raises a ``TypeError`` (``ConfigTypeError``) saying what is accepted."""
     from .cache import build as _build
-    return _build(config)
+    from .config import resolve_config
+    return _build(resolve_config(config))
 
 
 # Written by other modules of the package; imported on first use so `import blackwell_sparsek` stays cheap.
@@ -76,6 +88,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "__version__",
     "AttentionConfig", "KernelConfig", "Schedule", "DType", "Arch", "get_config", "load_named_configs",
+    "resolve_config", "ConfigTypeError",
     "BskError", "InvalidConfigError", "LayoutError", "InputError", "ToolchainError", "KernelCompileError",
     "CudaError", "JitDisabledError",
     "generate", "build", "render", "CompiledKernel", "cache_ls", "cache_clear",

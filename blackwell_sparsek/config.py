@@ -13,9 +13,20 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 from .errors import InvalidConfigError
+
+
+class ConfigTypeError(InvalidConfigError, TypeError):
+    """A config was given as something that is not a config, a dict, JSON text, a .json path or a config name."""
+
+
+# What resolve_config accepts, said in every error about the type of a config.
+ACCEPTED_CONFIGS = ("a KernelConfig (e.g. AttentionConfig(...)), a dict of config fields, inline JSON text, "
+                    "the path of a .json config file or a named config (python -m blackwell_sparsek list-configs)")
+# A config file is one small JSON object; anything larger is the wrong file (or a device such as /dev/zero).
+MAX_CONFIG_FILE_BYTES = 1 << 20
 
 
 class Schedule(enum.Enum):
@@ -59,9 +70,24 @@ class Arch(enum.Enum):
 # Shared memory a CTA may opt into on H100/H200 (cudaDevAttrMaxSharedMemoryPerBlockOptin), bytes.
 SM90_SMEM_OPTIN = 232448
 SM90_SMEM_PER_SM = 233472   # 228 KiB per SM, of which each resident CTA also reserves 1 KiB
+# Largest layout block side (block_m, block_n): 4096 = 32 tiles of 128 (64 of 64) per block. The kernel walks a
+# block tile by tile and forms element offsets such as col * BlockN in 32-bit ints, so the bound keeps those far
+# from overflow; and a block that coarse (16M scores) is already dense attention in all but name: Flex and the
+# layouts shipped here use 64-256.
+MAX_BLOCK = 4096
 # Registers one consumer thread may spend on accumulators (QK fp32, P as 16-bit operand, O fp32); the rest of
 # the 240 a consumer warpgroup gets after setmaxnreg go to addresses, softmax state and temporaries.
 _CONSUMER_ACC_REG_BUDGET = 176
+
+
+def _parse_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidConfigError(f"{what} is not valid JSON: {e}") from None
+    except RecursionError:  # json recurses once per nesting level
+        raise InvalidConfigError(f"{what} is nested too deeply to be a config; a config is one flat JSON object "
+                                 f'such as {{"head_dim": 64}}') from None
 
 
 def _enum_from(cls: type[enum.Enum], value: Any) -> enum.Enum:
@@ -99,9 +125,15 @@ class KernelConfig:
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "KernelConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> "KernelConfig":
+        if not isinstance(d, Mapping):
+            raise ConfigTypeError(f"a config must be a JSON object / dict of fields such as "
+                                  f'{{"head_dim": 64}}, got {type(d).__name__}')
         d = dict(d)
         fam = d.pop("family", None)
+        if fam is not None and not isinstance(fam, str):
+            raise InvalidConfigError(f"config field 'family' must be a string, one of {sorted(FAMILIES)}; "
+                                     f"got {fam!r}")
         target = FAMILIES.get(fam, cls) if cls is KernelConfig else cls
         if target is KernelConfig:
             raise InvalidConfigError(f"unknown kernel family {fam!r}; known: {sorted(FAMILIES)}")
@@ -110,15 +142,13 @@ class KernelConfig:
         names = {f.name for f in dataclasses.fields(target)}
         unknown = set(d) - names
         if unknown:
-            raise InvalidConfigError(f"unknown {target.family} config field(s) {sorted(unknown)}; valid: {sorted(names)}")
+            raise InvalidConfigError(f"unknown {target.family} config field(s) {sorted(map(repr, unknown))}; "
+                                     f"valid: {sorted(names)}")
         return target(**d)
 
     @classmethod
     def from_json(cls, text: str) -> "KernelConfig":
-        try:
-            return cls.from_dict(json.loads(text))
-        except json.JSONDecodeError as e:
-            raise InvalidConfigError(f"config is not valid JSON: {e}") from None
+        return cls.from_dict(_parse_json(text, "config"))
 
     # -- per family -----------------------------------------------------------------------------------
     @property
@@ -152,7 +182,7 @@ class AttentionConfig(KernelConfig):
     head_dim: int = 128
     dtype: DType = DType.FP16
     schedule: Schedule = Schedule.COOPERATIVE
-    tile_m: int = 128
+    tile_m: int = None  # type: ignore[assignment]  # None: the schedule's own (Schedule.tile_m), set on creation
     tile_n: int = 128
     stages: int = 4
     block_m: int = 128
@@ -181,6 +211,10 @@ class AttentionConfig(KernelConfig):
     def __post_init__(self) -> None:
         for name, cls in (("dtype", DType), ("schedule", Schedule), ("arch", Arch)):
             object.__setattr__(self, name, _enum_from(cls, getattr(self, name)))
+        if self.tile_m is None:
+            # tile_m follows from the schedule (64 rows for 'single', else 128); only a tile_m the user gives
+            # can disagree with it, and validate() then names the fix.
+            object.__setattr__(self, "tile_m", self.schedule.tile_m)
         for name in ("head_dim", "tile_m", "tile_n", "stages", "block_m", "block_n"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -232,21 +266,26 @@ class AttentionConfig(KernelConfig):
         if self.tile_m != want_m:
             p.append(f"tile_m {self.tile_m} != {want_m}: " + (
                 "the single schedule runs one 64-row MMA warpgroup per CTA" if self.schedule is Schedule.SINGLE else
-                "two MMA warpgroups of 64 rows (one WGMMA M) make one tile; for 64-row tiles use schedule='single'"))
+                "two MMA warpgroups of 64 rows (one WGMMA M) make one tile; for 64-row tiles use schedule='single'")
+                + f"; set tile_m={want_m} or leave tile_m out (it follows the schedule)")
         if self.schedule is Schedule.SINGLE and (self.stages % 2 or self.stages < 4):
             p.append(f"stages {self.stages}: the single schedule needs an even count >= 4 (K and V of "
                      f"stages/2 tiles in flight)")
-        if self.tile_n not in (64, 128):
+        tile_n_ok = self.tile_n in (64, 128)
+        if not tile_n_ok:
             p.append(f"tile_n {self.tile_n} is not supported; use 64 or 128 (a WGMMA N that keeps the "
                      f"accumulators in registers)")
         if self.head_dim * self.dtype.itemsize % 16:
             p.append("head_dim * element size must be a multiple of 16 bytes for TMA")
         if not 2 <= self.stages <= 16:
             p.append(f"stages {self.stages} out of range; use 2..16 K/V slots (shared memory bounds it further)")
-        if self.block_m <= 0 or self.block_m % self.tile_m:
-            p.append(f"block_m {self.block_m} must be a positive multiple of tile_m {self.tile_m}")
-        if self.block_n <= 0 or self.block_n % self.tile_n:
-            p.append(f"block_n {self.block_n} must be a positive multiple of tile_n {self.tile_n}")
+        # Layout blocks are whole kernel tiles (the template static_asserts it). Check against the tile the kernel
+        # will have, so a wrong tile_m/tile_n (reported above) cannot hide or fake a block problem (or divide by 0).
+        for name, block, tname, tile in (("block_m", self.block_m, "tile_m", want_m),
+                                         ("block_n", self.block_n, "tile_n", self.tile_n if tile_n_ok else 64)):
+            if not tile <= block <= MAX_BLOCK or block % tile:
+                p.append(f"{name} {block} must be a multiple of {tname} {tile} between {tile} and {MAX_BLOCK} "
+                         f"(rows/columns of one layout block)")
         if not p:
             if self.acc_registers() > _CONSUMER_ACC_REG_BUDGET:
                 p.append(f"tile_n {self.tile_n} with head_dim {self.head_dim} needs {self.acc_registers()} "
@@ -262,11 +301,12 @@ class AttentionConfig(KernelConfig):
     def nearest_valid(self) -> "AttentionConfig | None":
         hd = min((64, 128, 256), key=lambda d: (abs(d - self.head_dim), d))
         tn = 64 if (self.tile_n < 128 or hd == 256) else 128
-        bm = max(128, (max(self.block_m, 1) + 127) // 128 * 128)
-        bn = max(tn, (max(self.block_n, 1) + tn - 1) // tn * tn)
+        tm = self.schedule.tile_m
+        bm = min(MAX_BLOCK, max(tm, (self.block_m + tm - 1) // tm * tm))
+        bn = min(MAX_BLOCK, max(tn, (self.block_n + tn - 1) // tn * tn))
         single = self.schedule is Schedule.SINGLE
         st = min(max(self.stages, 4 if single else 2), 16)
-        cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=self.schedule.tile_m, tile_n=tn,
+        cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=tm, tile_n=tn,
                                    block_m=bm, block_n=bn, stages=st - st % 2 if single else st)
         while cand.stages > (4 if single else 2) and cand.problems():
             cand = dataclasses.replace(cand, stages=cand.stages - (2 if single else 1))
@@ -291,25 +331,60 @@ class AttentionConfig(KernelConfig):
 FAMILIES: dict[str, type[KernelConfig]] = {AttentionConfig.family: AttentionConfig}
 
 
-# -- named configs (cutlass_configs/<name>.json) -------------------------------------------------------------
+# -- named configs (cutlass_configs/<name>.json), files and what a user types -------------------------------
 
 def _configs_dir():
     from ._paths import configs_dir
     return configs_dir()
 
 
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true/false",
+               type(None): "null"}
+
+
+def _config_from_object(obj: Any, what: str) -> KernelConfig:
+    """A validated config from a parsed JSON value or a dict. Without "family" it is attention forward, the family
+    a user means by default, whether the fields come inline, in a dict or in a file."""
+    if not isinstance(obj, Mapping):
+        kind = _JSON_KINDS.get(type(obj), type(obj).__name__)
+        raise InvalidConfigError(f"{what} must be a JSON object of config fields such as "
+                                 f'{{"head_dim": 64, "dtype": "bf16"}}, got {kind}')
+    return KernelConfig.from_dict({"family": AttentionConfig.family, **obj}).validate()
+
+
 def load_config_file(path: str | os.PathLike[str]) -> KernelConfig:
-    """Read one config JSON file and validate it; errors name the file."""
+    """Read one config JSON file (UTF-8, one object; "family" defaults to attention forward) and validate it;
+    errors name the file."""
+    import stat
     from pathlib import Path
     p = Path(path)
+    kind = ""
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise InvalidConfigError(f"cannot read config file {p}: {e.strerror or e}") from None
+        st = p.stat()
+        if stat.S_ISDIR(st.st_mode):
+            kind = "is a directory"
+        elif not stat.S_ISREG(st.st_mode):  # a FIFO or /dev/zero would block or never end
+            kind = "is not a regular file"
+        else:
+            with open(p, "rb") as f:
+                data = f.read(MAX_CONFIG_FILE_BYTES + 1)
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        kind = ("does not exist" if isinstance(e, FileNotFoundError)
+                else f"cannot be read ({getattr(e, 'strerror', None) or e})")
+    if kind:
+        raise InvalidConfigError(f"config file {p} {kind}; give the path of a readable .json config file")
+    if len(data) > MAX_CONFIG_FILE_BYTES:
+        raise InvalidConfigError(f"config file {p} is over {MAX_CONFIG_FILE_BYTES} bytes; a config is one small "
+                                 f"JSON object: is this the right file?")
     try:
-        return KernelConfig.from_json(text).validate()
+        text = data.decode("utf-8-sig")  # a BOM from an editor is fine
+    except UnicodeDecodeError as e:
+        raise InvalidConfigError(f"config file {p} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                                 f"{e.start}); save it as UTF-8 JSON") from None
+    try:
+        return _config_from_object(_parse_json(text, "its content"), "its content")
     except InvalidConfigError as e:
-        raise InvalidConfigError(f"{p}: {e}") from None
+        raise type(e)(f"config file {p}: {e}") from None
 
 
 def load_named_configs() -> dict[str, KernelConfig]:
@@ -324,35 +399,46 @@ def config_names() -> list[str]:
 
 def get_config(name: str) -> KernelConfig:
     """The named config ``name`` (a file stem in cutlass_configs/)."""
-    p = _configs_dir() / f"{name}.json"
-    if "/" in name or os.sep in name or not p.is_file():
+    if not isinstance(name, str):
+        raise ConfigTypeError(f"a config name must be a str, got {type(name).__name__}")
+    names = config_names()
+    if name not in names:  # a lookup in the list, never a path built from the name (no ../, no odd bytes)
         import difflib
-        names = config_names()
         close = difflib.get_close_matches(name, names, n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise InvalidConfigError(f"no named config {name!r}{hint}; known names: {names}")
-    return load_config_file(p)
+        shown = repr(name) if len(name) <= 80 else repr(name[:80]) + "..."
+        raise InvalidConfigError(f"no named config {shown}{hint}; known names: {names}")
+    return load_config_file(_configs_dir() / f"{name}.json")
 
 
-def resolve_config(spec: str | KernelConfig | dict[str, Any]) -> KernelConfig:
-    """A config from what a user typed: a config object, a dict, inline JSON, a .json file path or a name."""
+def _is_regular_file(path: str) -> bool:
+    try:
+        return os.path.isfile(path)
+    except (OSError, ValueError):
+        return False
+
+
+def resolve_config(spec: str | os.PathLike[str] | KernelConfig | Mapping[str, Any]) -> KernelConfig:
+    """A validated config from what a user gives: a config object, a dict, inline JSON, a .json file path or a
+    named config. Anything else is a ``ConfigTypeError`` (a ``TypeError``) saying what is accepted."""
     if isinstance(spec, KernelConfig):
         return spec.validate()
-    if isinstance(spec, dict):
-        # A dict without "family" means attention forward, the family a user means by default.
-        return KernelConfig.from_dict({"family": AttentionConfig.family, **spec}).validate()
-    s = str(spec).strip()
-    if s.startswith("{"):
-        try:
-            d = json.loads(s)
-        except json.JSONDecodeError as e:
-            raise InvalidConfigError(f"inline config is not valid JSON: {e}") from None
-        if not isinstance(d, dict):
-            raise InvalidConfigError(f"inline config must be a JSON object, got {type(d).__name__}")
-        return resolve_config(d)
-    from pathlib import Path
-    if Path(s).is_file():
+    if isinstance(spec, Mapping):
+        return _config_from_object(spec, "a config dict")
+    if isinstance(spec, os.PathLike):
+        path = os.fspath(spec)
+        if not isinstance(path, str):
+            raise ConfigTypeError(f"config paths must be str paths, got {type(path).__name__}")
+        return load_config_file(path)
+    if not isinstance(spec, str):
+        raise ConfigTypeError(f"a config must be {ACCEPTED_CONFIGS}; got {type(spec).__name__}")
+    s = spec.strip()
+    if s.startswith(("{", "[")):
+        return _config_from_object(_parse_json(s, "inline config"), "inline config")
+    if _is_regular_file(s):
         return load_config_file(s)
-    if s.endswith(".json") or os.sep in s:
-        raise InvalidConfigError(f"config file {s} does not exist (or give a named config: {config_names()})")
+    if s.endswith(".json") or os.sep in s or (os.altsep is not None and os.altsep in s):
+        if not os.path.lexists(s):
+            raise InvalidConfigError(f"config file {s} does not exist (or give a named config: {config_names()})")
+        return load_config_file(s)  # there but not a regular file: it says what it is
     return get_config(s)

@@ -5,7 +5,7 @@
     python -m blackwell_sparsek profile [--config NAME] [--shape 2x16x8192x128] [--pattern dense] [--out DIR]
 
 Results are printed; files are written only where --out / --json say (never into the current directory unasked).
-(``python -m blackwell_sparsek.bench ...`` is the same.) See docs/bench.md.
+(``python -m blackwell_sparsek.bench ...`` is the same.) See docs/benchmarks.md.
 """
 from __future__ import annotations
 

@@ -9,33 +9,35 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from .config import (  # noqa: E402
-    Arch,
-    AttentionConfig,
-    DType,
-    KernelConfig,
-    ConfigTypeError,
-    Schedule,
-    get_config,
-    load_named_configs,
-    resolve_config,
-)
 from .errors import (  # noqa: E402
     BskError,
+    CacheError,
     CudaError,
+    EnvError,
     InputError,
     InvalidConfigError,
     JitDisabledError,
     KernelCompileError,
     LayoutError,
     ToolchainError,
+    UnsafeCacheError,
+)
+from .families.attn_fwd import AttentionConfig, Schedule  # noqa: E402
+from .jit.spec import (  # noqa: E402
+    Arch,
+    ConfigTypeError,
+    DType,
+    KernelConfig,
+    get_config,
+    load_named_configs,
+    resolve_config,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     from os import PathLike
     from typing import Mapping
 
-    from .runtime import CompiledKernel
+    from .jit.runtime import CompiledKernel
 
     ConfigSpec = KernelConfig | str | PathLike[str] | Mapping[str, Any]
 
@@ -45,7 +47,7 @@ def generate(config: ConfigSpec, out_path: str | PathLike[str]) -> Any:
 
     ``config`` is a config object, a dict of fields, inline JSON, a .json path or a named config (as on the command
     line); ``out_path`` a file path, or a directory that gets ``<kernel_name>.cu``."""
-    from .codegen import generate as _generate
+    from .jit.codegen import generate as _generate
     return _generate(config, out_path)
 
 
@@ -54,8 +56,8 @@ def build(config: ConfigSpec) -> CompiledKernel:
 
     ``config`` is a config object, a dict of fields, inline JSON, a .json path or a named config (as on the command
     line); anything else raises a ``TypeError`` (``ConfigTypeError``) saying what is accepted."""
-    from .cache import build as _build
-    from .config import resolve_config
+    from .jit.kernels import build as _build
+    from .jit.spec import resolve_config
     return _build(resolve_config(config))
 
 
@@ -64,10 +66,10 @@ _LAZY = {
     "BlockSparseLayout": ".layout",
     "sparse_attention": ".ops",
     "precompile": ".ops",
-    "CompiledKernel": ".runtime",
-    "cache_ls": ".cache",
-    "cache_clear": ".cache",
-    "render": ".codegen",
+    "CompiledKernel": ".jit.runtime",
+    "cache_ls": ".jit.kernels",
+    "cache_clear": ".jit.kernels",
+    "render": ".jit.codegen",
 }
 
 
@@ -90,7 +92,7 @@ __all__ = [
     "AttentionConfig", "KernelConfig", "Schedule", "DType", "Arch", "get_config", "load_named_configs",
     "resolve_config", "ConfigTypeError",
     "BskError", "InvalidConfigError", "LayoutError", "InputError", "ToolchainError", "KernelCompileError",
-    "CudaError", "JitDisabledError",
+    "CudaError", "JitDisabledError", "EnvError", "CacheError", "UnsafeCacheError",
     "generate", "build", "render", "CompiledKernel", "cache_ls", "cache_clear",
     "BlockSparseLayout", "sparse_attention", "precompile",
 ]

@@ -21,14 +21,14 @@ FORWARDED = ("bench", "compare-88", "profile")
 
 
 def _resolve(spec: str):
-    from .config import resolve_config
+    from .jit.spec import resolve_config
     return resolve_config(spec)
 
 
 # -- subcommands ----------------------------------------------------------------------------------------------
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .codegen import generate
+    from .jit.codegen import generate
     cfg = _resolve(a.config)
     if a.output:
         target: str | Path = a.output
@@ -42,14 +42,14 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def _build_one(name: str, cfg, progress: bool | None):
-    from .cache import ensure_built
+    from .jit.kernels import ensure_built
     t0 = time.monotonic()
     entry = ensure_built(cfg, progress=progress)
     return name, entry, time.monotonic() - t0
 
 
 def cmd_build(a: argparse.Namespace) -> int:
-    from .config import load_named_configs
+    from .jit.spec import load_named_configs
     if a.all and a.configs:
         raise BskError("give config names or --all, not both")
     if a.all:
@@ -109,7 +109,7 @@ def _report(name: str, entry, seconds: float) -> None:
 
 
 def cmd_list_configs(a: argparse.Namespace) -> int:
-    from .config import load_named_configs
+    from .jit.spec import load_named_configs
     configs = load_named_configs()
     if a.json:
         print(json.dumps({n: c.to_dict() for n, c in configs.items()}, indent=2, sort_keys=True))
@@ -123,7 +123,7 @@ def cmd_list_configs(a: argparse.Namespace) -> int:
 
 
 def cmd_cache(a: argparse.Namespace) -> int:
-    from .cache import cache_clear, cache_ls, cache_root, failed_builds
+    from .jit.kernels import cache_clear, cache_ls, cache_root, failed_builds
     if a.action == "ls":
         entries = cache_ls(verify=a.verify)
         print(f"cache: {cache_root()} ({len(entries)} entries)")
@@ -151,9 +151,9 @@ def cmd_cache(a: argparse.Namespace) -> int:
 
 
 def cmd_info(a: argparse.Namespace) -> int:
-    from . import compiler
+    from .jit import compiler
     from ._paths import configs_dir, source_root, templates_dir
-    from .cache import cache_ls, cache_root
+    from .jit.kernels import cache_ls, cache_root
     rows: list[tuple[str, str]] = [("blackwell_sparsek", f"{__version__} ({Path(__file__).resolve().parent})")]
     root = source_root()
     rows.append(("source tree", str(root) if root else "none (installed package data)"))
@@ -192,7 +192,7 @@ def cmd_info(a: argparse.Namespace) -> int:
 
 
 def _gpu_line() -> str:
-    from .runtime import device_info
+    from .jit.runtime import device_info
     try:
         info = device_info(0)
         return (f"{info.name} (sm_{info.compute_capability[0]}{info.compute_capability[1]}, {info.sm_count} SMs, "

@@ -27,7 +27,7 @@ def main() -> int:
     a = ap.parse_args()
 
     import blackwell_sparsek as bsk
-    from blackwell_sparsek.config import resolve_config
+    from blackwell_sparsek.jit.spec import resolve_config
     from blackwell_sparsek.errors import BskError, InvalidConfigError, KernelCompileError, ToolchainError
 
     try:
@@ -47,7 +47,7 @@ def main() -> int:
         print(f"FAIL: {e}")
         return 1
 
-    from blackwell_sparsek.cache import ensure_built
+    from blackwell_sparsek.jit.kernels import ensure_built
     t0 = time.monotonic()
     try:
         entry = ensure_built(cfg, progress=True)

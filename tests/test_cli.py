@@ -10,8 +10,8 @@ import types
 import pytest
 
 from blackwell_sparsek import AttentionConfig, cli
-from blackwell_sparsek.codegen import render
-from blackwell_sparsek.config import get_config, load_named_configs
+from blackwell_sparsek.jit.codegen import render
+from blackwell_sparsek.jit.spec import get_config, load_named_configs
 
 NAME = "sm90_fwd_d64_bf16_pingpong_128x128"
 
@@ -273,14 +273,14 @@ def test_cache_help_texts(capsys):
 
 
 def test_cache_ls_verify(bsk_cache, monkeypatch, capsys):
-    from blackwell_sparsek import cache
+    from blackwell_sparsek.jit import kernels
     seen = []
 
     def fake_ls(verify: bool = False):
         seen.append(verify)
         return [{"kernel_name": "bsk_k", "key": "ab" * 32, "so_bytes": "junk", "build_seconds": "n/a",
                  "created": None, "valid": not verify}]
-    monkeypatch.setattr(cache, "cache_ls", fake_ls)
+    monkeypatch.setattr(kernels, "cache_ls", fake_ls)
     assert cli.main(["cache", "ls"]) == 0
     out = capsys.readouterr().out
     assert "bsk_k" in out and "corrupt" not in out  # odd metadata values are left out, not a crash

@@ -10,8 +10,9 @@ import jinja2
 import pytest
 
 import blackwell_sparsek
-from blackwell_sparsek import AttentionConfig, BskError, InvalidConfigError, codegen
-from blackwell_sparsek.config import get_config, load_named_configs
+from blackwell_sparsek import AttentionConfig, BskError, InvalidConfigError
+from blackwell_sparsek.jit import codegen
+from blackwell_sparsek.jit.spec import get_config, load_named_configs
 
 
 @pytest.mark.parametrize("name", sorted(load_named_configs()))
@@ -89,7 +90,7 @@ def test_generate_writes_only_the_given_path(tmp_path, clean_cwd):
 def test_import_is_cheap(child_env, tmp_path):
     code = ("import sys, blackwell_sparsek as b; "
             "heavy = [m for m in ('torch', 'jinja2', 'cuda', 'cuda.bindings', 'cutlass_library', 'filelock', "
-            "'subprocess', 'blackwell_sparsek.cache', 'blackwell_sparsek.compiler', 'blackwell_sparsek.runtime') "
+            "'subprocess', 'blackwell_sparsek.jit.kernels', 'blackwell_sparsek.jit.compiler', 'blackwell_sparsek.jit.runtime', 'blackwell_sparsek.jit.store') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=tmp_path, env=child_env())
@@ -189,7 +190,7 @@ def test_build_takes_names_dicts_and_json(fake_nvcc, bsk_cache):
         k = blackwell_sparsek.build(spec)
         assert k.kernel_name == cfg.kernel_name
     assert fake_nvcc.count() == 1
-    from blackwell_sparsek.config import ConfigTypeError
+    from blackwell_sparsek.jit.spec import ConfigTypeError
     with pytest.raises(ConfigTypeError, match="a dict of config fields, inline JSON text"):
         blackwell_sparsek.build(5)
     assert fake_nvcc.count() == 1

@@ -7,14 +7,7 @@ import json
 import pytest
 
 from blackwell_sparsek import AttentionConfig, Arch, DType, InvalidConfigError, Schedule
-from blackwell_sparsek.config import (
-    KernelConfig,
-    config_names,
-    get_config,
-    load_config_file,
-    load_named_configs,
-    resolve_config,
-)
+from blackwell_sparsek.jit.spec import KernelConfig, config_names, get_config, load_config_file, load_named_configs, resolve_config
 
 REQUIRED_NAMES = {
     f"sm90_fwd_d{d}_{dt}_{s}_128x128"
@@ -42,9 +35,9 @@ def test_named_config_matches_its_name(name):
                             "single": Schedule.SINGLE}[sched]
     assert f"{cfg.tile_m}x{cfg.tile_n}" == tiles
     assert 2 <= cfg.stages <= 16  # tuned per head dim; the shared-memory budget below is the rule
-    from blackwell_sparsek.config import SM90_SMEM_OPTIN, SM90_SMEM_PER_SM
-    assert cfg.smem_bytes() <= SM90_SMEM_OPTIN
-    assert cfg.ctas_per_sm * (cfg.smem_bytes() + 1024) <= SM90_SMEM_PER_SM
+    facts = Arch.SM90A.facts
+    assert cfg.smem_bytes() <= facts.smem_optin
+    assert cfg.ctas_per_sm * (cfg.smem_bytes() + 1024) <= facts.smem_per_sm
 
 
 def test_named_config_names_are_unique_kernels():
@@ -198,7 +191,7 @@ def test_every_integer_field_is_bounded(field, value):
 
 
 def test_block_size_limits():
-    from blackwell_sparsek.config import MAX_BLOCK
+    from blackwell_sparsek.families.attn_fwd import MAX_BLOCK
     assert MAX_BLOCK == 4096
     assert AttentionConfig(block_m=4096, block_n=4096).problems() == []
     assert AttentionConfig(head_dim=64, schedule="single", block_m=64, block_n=128).problems() == []
@@ -273,7 +266,7 @@ def test_config_paths_that_are_not_files(tmp_path):
 
 @pytest.mark.parametrize("spec", [5, None, 1.5, b"sm90_fwd_d64_fp16_coop_128x128", ["head_dim", 64], object()])
 def test_resolve_config_rejects_other_types_with_a_type_error(spec):
-    from blackwell_sparsek.config import ConfigTypeError
+    from blackwell_sparsek.jit.spec import ConfigTypeError
     with pytest.raises(ConfigTypeError, match="a dict of config fields, inline JSON text.*named config") as ei:
         resolve_config(spec)
     assert isinstance(ei.value, TypeError) and isinstance(ei.value, InvalidConfigError)

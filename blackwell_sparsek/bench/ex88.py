@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .. import _env
-from ..compiler import _Progress as compiler_progress
-from ..compiler import cutlass_root, describe_exit, nvcc_version, read_cutlass_version, run_compiler
-from ..compiler import find_nvcc as compiler_find_nvcc
+from ..jit.compiler import _Progress as compiler_progress
+from ..jit.compiler import cutlass_root, describe_exit, nvcc_version, read_cutlass_version, run_compiler
+from ..jit.compiler import find_nvcc as compiler_find_nvcc
 from ..errors import KernelCompileError, ToolchainError
 from ..jit import store
 from ..jit.store import sha256_file

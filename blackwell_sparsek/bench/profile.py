@@ -64,7 +64,7 @@ import torch
 import blackwell_sparsek as bsk
 from blackwell_sparsek.bench.harness import Case, build_layout, make_inputs
 spec = json.loads(sys.argv[1])
-cfg = bsk.config.resolve_config(spec["config"])
+cfg = bsk.resolve_config(spec["config"])
 case = Case(**spec["case"])
 layout, causal = build_layout(case)
 q, k, v = make_inputs(case)
@@ -219,7 +219,7 @@ def run(config: str | None, shape: tuple[int, int, int, int], pattern: str = "de
     from .peers import our_configs
     b, h, s, d = shape
     if config:
-        cfg = bsk.config.resolve_config(config)
+        cfg = bsk.resolve_config(config)
         cfg_name = config
         d = getattr(cfg, "head_dim", d)
         dtype = getattr(getattr(cfg, "dtype", None), "value", dtype)

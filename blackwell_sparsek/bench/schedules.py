@@ -66,7 +66,7 @@ def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float
     import torch
 
     from .. import ops
-    from ..config import Schedule
+    from ..families.attn_fwd import Schedule
     from ..reference import relative_error
     rows = []
     for b, h, s, d in shapes:

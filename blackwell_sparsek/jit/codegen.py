@@ -15,9 +15,9 @@ from typing import Any, Mapping
 
 import jinja2
 
-from ._paths import templates_dir
-from .config import KernelConfig, resolve_config
-from .errors import BskError, InputError
+from .._paths import templates_dir
+from .spec import KernelConfig, resolve_config
+from ..errors import BskError, InputError
 
 _RESERVED = ("kernel_name", "config_json", "package_version", "abi")
 
@@ -39,7 +39,7 @@ def environment() -> jinja2.Environment:
 
 def template_context(config: KernelConfig) -> dict[str, Any]:
     """Everything a family's template may use: the config's own variables plus naming and ABI facts."""
-    from . import __version__
+    from .. import __version__
     tvars = config.template_vars()
     clash = sorted(set(tvars) & set(_RESERVED))
     if clash:
@@ -55,7 +55,7 @@ def template_context(config: KernelConfig) -> dict[str, Any]:
 
 def render(config: KernelConfig | str | Mapping[str, Any]) -> str:
     """Validate ``config`` and return the CUDA source of its kernel. ``config`` is anything
-    :func:`~blackwell_sparsek.config.resolve_config` takes: a config, a dict, inline JSON, a .json path or a name."""
+    :func:`~blackwell_sparsek.jit.spec.resolve_config` takes: a config, a dict, inline JSON, a .json path or a name."""
     config = resolve_config(config)
     try:
         template = environment().get_template(config.template)

@@ -1,0 +1,2 @@
+"""Kernel families, one module each; importing this package registers every family with jit.spec."""
+from . import attn_fwd  # noqa: F401

@@ -825,7 +825,7 @@ def test_generate_kernel_example_leaves_no_files(fake_nvcc, tmp_path, child_env)
     work.mkdir()
     tmp.mkdir()
     env = child_env(TMPDIR=str(tmp))
-    name = "sm90_fwd_d64_fp16_coop_128x128"
+    name = "bsk_sm90a_attn_fwd_d64_fp16_t128x128_coop_s8_b128x128"
     p = subprocess.run([sys.executable, str(repo / "examples" / "generate_kernel.py"), name], capture_output=True,
                        text=True, cwd=work, env=env, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -4,22 +4,25 @@
 ``blackwell_sparsek::attn_fwd`` custom op, whose fake implementation only computes shapes (so
 ``torch.compile(fullgraph=True)`` traces it without compiling anything) and whose real implementation launches the
 cached kernel through ctypes on torch's current stream. Without a GPU or nvcc it falls back to the reference with a
-one-time warning.
+one-time warning, after the same checks (under torch.compile through the ``blackwell_sparsek::attn_fwd_reference``
+op). Argument checks live in ``_checks``.
 """
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from functools import lru_cache
 
 import torch
 
+from . import _trusted
+from ._checks import (DTYPES as _DTYPES, as_dtype, check_causal, check_fallback_size, check_head_dim,
+                      check_index_values, check_inputs, check_launch_limits, check_layout_arg, check_op_args,
+                      check_pointers, check_scale, check_strides)
 from .families.attn_fwd import AttentionConfig, Schedule
 from .jit.spec import DType, KernelConfig
 from .errors import InputError, InvalidConfigError, LayoutError, ToolchainError
 
-_DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 # Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
 _DEFAULT_STAGES = {64: 8, 128: 5, 256: 4}
 # The schedule sparse_attention picks, from same-run measurements on an H200 (docs/perf_notes.md,
@@ -34,15 +37,34 @@ def _default_schedule(head_dim: int, balanced_rows: bool, block_m: int = 128) ->
 
 # -- config choice ------------------------------------------------------------------------------------------
 
-def default_config(head_dim: int, dtype: torch.dtype | DType, layout=None, schedule: Schedule | None = None
+def default_config(head_dim: int, dtype: torch.dtype | DType | str, layout=None, schedule: Schedule | None = None
                    ) -> AttentionConfig:
-    """The config sparse_attention uses when none is given: a named config if one matches, else a derived one."""
-    dt = dtype if isinstance(dtype, DType) else _DTYPES[dtype]
-    bm = layout.block_m if layout is not None else 128
-    bn = layout.block_n if layout is not None else 128
+    """The config sparse_attention uses when none is given: a named config if one matches, else a derived one.
+    head_dim must be 64, 128 or 256 (InputError otherwise, before anything is built)."""
+    check_head_dim(head_dim)
+    dt = as_dtype(dtype)
+    if layout is not None:
+        check_layout_arg(layout)
+    if schedule is not None and not isinstance(schedule, Schedule):
+        schedule = _as_schedule(schedule)
+    if layout is None:
+        return _config_for(head_dim, dt, 128, 128, True, schedule)
+    return _config_for(head_dim, dt, layout.block_m, layout.block_n, layout.balanced_rows(), schedule)
+
+
+def _config_for(head_dim: int, dt: DType, bm: int, bn: int, balanced_rows: bool, schedule: Schedule | None
+                ) -> AttentionConfig:
     if schedule is None:
-        schedule = _default_schedule(head_dim, layout.balanced_rows() if layout is not None else True, bm)
+        schedule = _default_schedule(head_dim, balanced_rows, bm)
     return _derived_config(head_dim, dt, bm, bn, schedule)
+
+
+def _as_schedule(schedule) -> Schedule:
+    for s in Schedule:
+        if isinstance(schedule, str) and schedule.lower() in (s.value, s.name.lower()):
+            return s
+    raise InvalidConfigError(f"schedule must be one of {[s.value for s in Schedule]} (or a Schedule), "
+                             f"got {schedule!r}")
 
 
 @lru_cache(maxsize=None)
@@ -80,13 +102,13 @@ def _json(config: AttentionConfig) -> str:
 
 
 def _resolve_config(config, head_dim: int, dtype: torch.dtype, layout) -> AttentionConfig:
-    if config is None:
-        return default_config(head_dim, dtype, layout)
+    """The config for these inputs (already checked) and layout (or its geometry under tracing), checked against
+    them: a named config, a Schedule, an AttentionConfig or None (the default)."""
     if isinstance(config, str):
         from .jit.spec import get_config
         config = get_config(config)
-    if isinstance(config, Schedule):
-        return default_config(head_dim, dtype, layout, schedule=config)
+    if config is None or isinstance(config, Schedule):
+        return _config_for(head_dim, _DTYPES[dtype], layout.block_m, layout.block_n, layout.balanced_rows(), config)
     if not isinstance(config, AttentionConfig):
         raise InvalidConfigError(f"config must be an AttentionConfig, a named config or a Schedule, "
                                  f"not {type(config).__name__}")
@@ -104,60 +126,24 @@ def _resolve_config(config, head_dim: int, dtype: torch.dtype, layout) -> Attent
     return config
 
 
-# -- input checks -------------------------------------------------------------------------------------------
-
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise InputError(f"{name} must be 4-D (batch, heads, seq, head_dim), got shape {tuple(t.shape)}; "
-                             f"for (batch, seq, heads, head_dim) tensors pass t.transpose(1, 2) (a view, no copy)")
-        if t.dtype not in _DTYPES:
-            raise InputError(f"{name} has dtype {t.dtype}; use torch.float16 or torch.bfloat16 (e.g. {name}.half())")
-        if t.stride(-1) != 1:
-            raise InputError(f"{name} must have a contiguous last (head_dim) dimension, got strides {t.stride()}; "
-                             f"call {name}.contiguous()")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise InputError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); cast them to one dtype")
-    if not (q.device == k.device == v.device):
-        raise InputError(f"q, k, v are on different devices ({q.device}, {k.device}, {v.device}); move them to one")
-    B, H, Sq, D = q.shape
-    if k.shape != v.shape:
-        raise InputError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
-    if k.shape[0] != B or k.shape[3] != D:
-        raise InputError(f"k/v shape {tuple(k.shape)} does not match q {tuple(q.shape)} in batch or head_dim")
-    if k.shape[1] == 0 or H % k.shape[1]:
-        raise InputError(f"q has {H} heads, k/v {k.shape[1]}: the query heads must be a multiple of the K/V heads "
-                         f"(GQA/MQA)")
-    if min(B, H, Sq, k.shape[2]) == 0:
-        raise InputError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
-
-
-def _check_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """TMA needs 16-byte aligned base addresses and 16-byte multiples for every non-unit stride."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.data_ptr() % 16:
-            raise InputError(f"{name} data pointer is not 16-byte aligned (a sliced view?); pass {name}.clone()")
-        st, shape, es = t.stride(), t.shape, t.element_size()
-        for d in range(3):
-            if st[d] * es % 16 and shape[d] > 1:
-                raise InputError(f"{name} stride {st} along dim {d} is not a multiple of 16 bytes; "
-                                 f"pass {name}.contiguous()")
-
-
-def _check_row_sched(s: torch.Tensor) -> None:
-    """The kernel's scheduler reads one 16-byte (row, start, end, first block) entry per tile."""
-    if s.dtype != torch.int32 or s.dim() != 3 or s.shape[2] != 4 or not s.is_contiguous() or s.data_ptr() % 16:
-        raise InputError(f"row_sched must be the layout's row_schedule() (contiguous 16-byte aligned int32 "
-                         f"[Hl, nq, 4]); got {s.dtype} {tuple(s.shape)} with strides {s.stride()}")
-
-
 # -- the custom op ------------------------------------------------------------------------------------------
 
 @lru_cache(maxsize=None)
 def _config_from_json(text: str) -> KernelConfig:
     return KernelConfig.from_json(text)
+
+
+@lru_cache(maxsize=None)
+def _op_config(config_json: str) -> AttentionConfig:
+    """The validated attention config a raw op call names (cached per JSON text)."""
+    try:
+        cfg = _config_from_json(config_json)
+    except (TypeError, ValueError, AttributeError) as e:  # not JSON of a config object (InvalidConfigError too)
+        raise InvalidConfigError(f"config_json must be an AttentionConfig's to_json(), got {config_json!r} "
+                                 f"({e})") from None
+    if not isinstance(cfg, AttentionConfig):
+        raise InvalidConfigError(f"config_json is a {cfg.family} config; the attn_fwd op takes an AttentionConfig")
+    return _validated(cfg)
 
 
 @lru_cache(maxsize=None)
@@ -176,14 +162,46 @@ def _poison() -> bool:
     return os.environ.get("BSK_POISON", "") not in ("", "0")
 
 
+def _check_op_call(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json) -> AttentionConfig:
+    """Every raw op call: the host-side checks; then, unless all three index tensors are marked as checked
+    (blackwell_sparsek._trusted: a layout's own tensors, or ones this function checked before) or the current
+    stream is capturing a CUDA graph (no sync allowed there), the value checks (one host sync), after which the
+    tensors are marked. Returns the config."""
+    if not isinstance(config_json, str):
+        raise InvalidConfigError(f"config_json must be a str (config.to_json()), got {type(config_json).__name__}")
+    cfg = _op_config(config_json)
+    check_op_args(q, k, v, col_idx, block_kind, row_sched, meta, scale, cfg)
+    if _trusted.is_marked(col_idx) and _trusted.is_marked(block_kind) and _trusted.is_marked(row_sched):
+        return cfg
+    if q.is_cuda and _capturing(q.device):
+        return cfg
+    check_index_values(col_idx, block_kind, row_sched, row_sched.shape[1], meta[2])
+    _trusted.mark(col_idx, block_kind, row_sched)
+    return cfg
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether torch's current stream on ``device`` (where the op launches) is capturing a CUDA graph."""
+    if device.index is None or device.index == torch.cuda.current_device():
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
 def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col_idx: torch.Tensor, block_kind: torch.Tensor,
                    row_sched: torch.Tensor, meta: list[int], scale: float,
                    config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op's CUDA implementation. row_sched: the layout's row_schedule(); meta = [window_left, window_right,
-    n_kblocks, rank_major] of the layout (rank_major = rows differ in length: order tiles heaviest-first across
-    heads)."""
-    _check_tma(q, k, v)
-    _check_row_sched(row_sched)
+    """The op's implementation: checks (see attn_fwd), then the kernel on q's device and current stream."""
+    _check_op_call(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json)
+    if not q.is_cuda:
+        raise InputError(f"blackwell_sparsek::attn_fwd runs on CUDA tensors, q is on {q.device}; "
+                         f"blackwell_sparsek.sparse_attention falls back to the reference off the GPU")
+    return _launch(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json)
+
+
+def _launch(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate O and LSE and launch the kernel. Arguments already checked (by _check_op_call, or for a plain
+    eager sparse_attention call by its own checks on the layout's tensors)."""
     kernel = _kernel_for(config_json)
     B, H, Sq, D = q.shape
     o = torch.empty_like(q)
@@ -220,7 +238,26 @@ def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col_idx: t
 def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col_idx: torch.Tensor, block_kind: torch.Tensor,
               row_sched: torch.Tensor, meta: list[int], scale: float,
               config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block-sparse attention forward (see _attn_fwd_impl)."""
+    """Block-sparse attention forward on CUDA tensors: (O in q's memory layout, LSE float32 (B, H, Sq)).
+
+    Arguments: q (B, H, Sq, D), k and v (B, Hkv, Sk, D); a layout's ``col_idx``, ``block_kind`` and
+    ``row_schedule()`` on q's device; meta = [window_left, window_right, n_kblocks, rank_major] (``_meta(layout)``:
+    rank_major = rows differ in length, order tiles heaviest-first across heads); the softmax scale; the kernel
+    config as ``AttentionConfig.to_json()``.
+
+    Contract. Every call checks on the host, without touching the device: dtypes, devices (q's), shapes consistent
+    with each other, with q/k and with the config (row_sched [Hl, ceil(Sq / block_m), 4] int32 with Hl 1 or H,
+    col_idx int32 and block_kind uint8 both [Hl, M]), contiguity and 16-byte alignment, meta's length and values
+    (n_kblocks = ceil(Sk / block_n)), a finite float32 scale, strides within the launcher's range. The *values*
+    the kernel indexes with (each schedule row in [0, nq) once per head, 0 <= start <= end <= M, the first block's
+    column < n_kblocks and kind <= 3, every col_idx in [0, n_kblocks), every block_kind <= 3) are checked with a
+    few reductions and one host sync, and the tensors are then marked as checked, so later calls with the same
+    tensors skip it; a BlockSparseLayout's own tensors are marked when the layout makes them. Two exceptions: a
+    call made while the current stream captures a CUDA graph runs only the host-side checks (no sync is allowed
+    there), and marks are per tensor, so index tensors taken from two different layouts are not checked against
+    each other. Always pass one layout's own tensors; hand-made index tensors must be checked eagerly (one call
+    outside capture) before they are captured.
+    """
     return _attn_fwd_impl(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json)
 
 
@@ -235,13 +272,36 @@ def _direct_call_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
 
 
-@_attn_fwd.register_fake
-def _attn_fwd_fake(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json):
+def _fake_outputs(q, k):
     B, H, Sq, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
-# -- public API ---------------------------------------------------------------------------------------------
+@_attn_fwd.register_fake
+def _attn_fwd_fake(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json):
+    return _fake_outputs(q, k)
+
+
+@torch.library.custom_op("blackwell_sparsek::attn_fwd_reference", mutates_args=())
+def _attn_fwd_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.Tensor,
+                        col_idx: torch.Tensor, block_kind: torch.Tensor, geom: list[int],
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference fallback as an op (what a torch.compile'd sparse_attention runs on CPU tensors): the layout
+    (row_ptr, col_idx, block_kind, geom = [block_m, block_n, window_left, window_right]) is rebuilt and
+    validated, then the float64 reference runs. Same outputs as attn_fwd."""
+    from .layout import BlockSparseLayout
+    layout = BlockSparseLayout(row_ptr, col_idx, block_kind, seq_q=q.shape[2], seq_k=k.shape[2], block_m=geom[0],
+                               block_n=geom[1], window_left=geom[2], window_right=geom[3])
+    _fallback_warning("the inputs are not on a CUDA device")
+    return _fallback(q, k, v, layout, scale)
+
+
+@_attn_fwd_reference.register_fake
+def _attn_fwd_reference_fake(q, k, v, row_ptr, col_idx, block_kind, geom, scale):
+    return _fake_outputs(q, k)
+
+
+# -- the reference fallback ---------------------------------------------------------------------------------
 
 _warned_fallback = False
 
@@ -254,6 +314,20 @@ def _fallback_warning(reason: str) -> None:
                       f"implementation instead", RuntimeWarning, stacklevel=3)
 
 
+def _fallback(q, k, v, layout, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 reference, O returned in q's dtype and memory layout (torch.empty_like(q), as the kernel).
+    Without autograd, like the kernel op (which has no backward): in place, within check_fallback_size's bytes."""
+    check_fallback_size(q, k, layout)
+    from .reference import attention_reference
+    with torch.no_grad():
+        o_ref, lse = attention_reference(q, k, v, layout, scale=scale)
+    o = torch.empty_like(q)
+    o.copy_(o_ref)
+    return o, lse
+
+
+# -- public API ---------------------------------------------------------------------------------------------
+
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, *, causal: bool = False,
                      scale: float | None = None, config=None, return_lse: bool = False):
     """Block-sparse attention: softmax(scale · Q Kᵀ + mask) V over the blocks ``layout`` lists.
@@ -261,41 +335,52 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
     q: (B, H, Sq, D); k, v: (B, Hkv, Sk, D) with H % Hkv == 0 (GQA/MQA). (B, S, H, D) tensors are accepted as
     ``t.transpose(1, 2)`` views (strides, no copy). fp16 or bf16, D in {64, 128, 256}. ``causal`` intersects the
     layout with the bottom-right aligned causal mask. Returns O in q's memory layout, and with ``return_lse`` also
-    the float32 log-sum-exp (B, H, Sq); rows with no visible key give O = 0 and LSE = -inf.
+    the float32 log-sum-exp (B, H, Sq); rows with no visible key give O = 0 and LSE = -inf, rows that see an
+    infinite or NaN logit give NaN. Every argument is checked before a kernel is chosen, so CPU tensors (which
+    run the float64 reference, with a warning) are accepted or refused exactly as CUDA tensors are.
     """
-    _check_inputs(q, k, v)
+    check_inputs(q, k, v)
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise InputError(f"scale must be finite, got {scale}")
+    scale = check_scale(scale, D)
+    causal = check_causal(causal)
+    check_layout_arg(layout)
+    check_strides(q, k, v)
+    check_launch_limits(q, k, v)
+    compiling = torch.compiler.is_compiling()
     if causal:
-        if torch.compiler.is_compiling() and "causal" not in getattr(layout, "_cache", {}):
+        if compiling and "causal" not in layout._cache:
             raise LayoutError("under torch.compile, causal=True needs the causal layout prepared eagerly: call "
                               "layout.with_causal() once before the compiled function (it is cached)")
         layout = layout.with_causal()
     layout.validate_for(B, H, Sq, Sk)
 
-    if torch.compiler.is_compiling():
-        # Traced by dynamo: no file system, no caches with side effects. The config is a trace-time constant
-        # and the layout must already live on q's device (layout.to('cuda') before compiling).
+    if compiling:
+        # Traced by dynamo: no file system, no caches with side effects, nothing computed here and kept on the
+        # layout. The config is a trace-time constant (validated like the eager path's).
+        cfg_json = _config_json_traced(config, D, q.dtype, layout.block_m, layout.block_n, layout.balanced_rows())
+        if q.device.type != "cuda":  # the eager path's fallback, as an op the graph can hold
+            o, lse = _attn_fwd_reference(q, k, v, layout.row_ptr, layout.col_idx, layout.block_kind,
+                                         [layout.block_m, layout.block_n, layout.window_left, layout.window_right],
+                                         scale)
+            return (o, lse) if return_lse else o
         if layout.device != q.device:
             raise LayoutError(f"under torch.compile the layout must already be on {q.device}: call "
                               f"layout.to({str(q.device)!r}) once before the compiled function")
-        cfg_json = _config_json_const(config, D, q.dtype, layout.block_m, layout.block_n, layout.balanced_rows())
-        lay, fwd = layout, _attn_fwd
-    else:
-        if not q.is_cuda:
-            _fallback_warning("the inputs are not on a CUDA device")
-            return _reference(q, k, v, layout, scale, return_lse)
-        plan = _eager_plan(layout, config, D, q.dtype, q.device)
-        if plan is None:
-            _fallback_warning("no nvcc to build the kernel and no cached build")
-            return _reference(q, k, v, layout, scale, return_lse)
-        cfg_json, lay = plan
-        fwd = _attn_fwd_impl if _direct_call_ok(q, k, v) else _attn_fwd  # the op's body, or through the dispatcher
+        o, lse = _attn_fwd(q, k, v, layout.col_idx, layout.block_kind, _built_row_schedule(layout, causal),
+                           _meta(layout), scale, cfg_json)
+        return (o, lse) if return_lse else o
+
+    check_pointers(q, k, v)
+    cfg_json, lay = _eager_plan(layout, config, D, q.dtype, q.device)
+    if lay is None:
+        _fallback_warning("the inputs are not on a CUDA device" if not q.is_cuda
+                          else "no nvcc to build the kernel and no cached build")
+        o, lse = _fallback(q, k, v, layout, scale)
+        return (o, lse) if return_lse else o
+    # Plain eager calls launch directly: every argument is checked above and the index tensors are the layout's
+    # own; other calls go through the dispatcher to the op, which checks its arguments itself.
+    fwd = _launch if _direct_call_ok(q, k, v) else _attn_fwd
     o, lse = fwd(q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(), _meta(lay), scale, cfg_json)
     return (o, lse) if return_lse else o
 
@@ -304,38 +389,63 @@ def _meta(lay) -> list[int]:
     return [lay.window_left, lay.window_right, lay.n_kblocks, int(not lay.uniform_rows())]
 
 
+def _built_row_schedule(layout, causal: bool) -> torch.Tensor:
+    """The layout's row schedule, which must exist before tracing: computed inside a compiled region it would be
+    a cached intermediate of that region (under mode='reduce-overhead' a CUDA-graph output that the next replay
+    overwrites)."""
+    got = layout._cache.get("row_schedule")
+    if got is None:
+        which = "layout.with_causal().row_schedule()" if causal else "layout.row_schedule()"
+        raise LayoutError(f"under torch.compile the kernel reads the layout's row schedule, which must be built "
+                          f"before the compiled function runs: call {which} once eagerly on the layout on "
+                          f"{layout.device} (it is cached), or make one eager sparse_attention call")
+    return got
+
+
 def _eager_plan(layout, config, head_dim: int, dtype: torch.dtype, device: torch.device):
-    """(config JSON, layout on the device) for an eager call, or None when the kernel cannot be had (fallback).
-    Kept in the layout's cache per (config, head_dim, dtype, device) when config is None, a name or a Schedule, so
-    a repeated call skips the config choice (an AttentionConfig object is checked on every call)."""
+    """(config JSON, layout on the device) for an eager call; the layout is None when the reference must run
+    (CPU tensors, or no kernel can be had). The config is resolved and checked first in every case, so a call
+    that the GPU refuses is refused on the CPU too. Kept in the layout's cache per (config, head_dim, dtype,
+    device) when config is None, a name or a Schedule, so a repeated call skips the config choice (an
+    AttentionConfig object is checked on every call)."""
     key = ("plan", config, head_dim, dtype, device) if config is None or isinstance(config, (str, Schedule)) else None
     got = layout._cache.get(key) if key is not None else None
     if got is None:
         cfg = _resolve_config(config, head_dim, dtype, layout)
-        if config is None and not _kernel_available(cfg):
-            return None
-        got = (_json(cfg), layout.to(device))
+        if device.type != "cuda":
+            got = (_json(cfg), None)
+        elif config is None and not _kernel_available(cfg):
+            return _json(cfg), None
+        else:
+            got = (_json(cfg), layout.to(device))
         if key is not None:
             layout._cache[key] = got
     return got
 
 
+def _config_json_traced(config, head_dim, dtype, block_m, block_n, balanced_rows) -> str:
+    """The kernel config as JSON while dynamo traces. A bad config raises the eager path's InvalidConfigError from
+    traced code (an exception escaping an assume_constant_result function would surface as an internal dynamo
+    error instead)."""
+    cfg_json, error = _config_json_const(config, head_dim, dtype, block_m, block_n, balanced_rows)
+    if error:
+        raise InvalidConfigError(error)
+    return cfg_json
+
+
 @torch.compiler.assume_constant_result
-def _config_json_const(config, head_dim, dtype, block_m, block_n, balanced_rows) -> str:
-    """The kernel config as JSON, computed once at trace time from plain values (a torch.compile constant)."""
-    class _Geom:  # just what default_config and _resolve_config read of a layout
+def _config_json_const(config, head_dim, dtype, block_m, block_n, balanced_rows) -> tuple[str, str]:
+    """(config JSON, "") or ("", the InvalidConfigError's message), computed once at trace time from plain values
+    (a torch.compile constant)."""
+    class _Geom:  # just what _resolve_config reads of a layout
         pass
     g = _Geom()
     g.block_m, g.block_n = block_m, block_n
     g.balanced_rows = lambda: balanced_rows
-    return _json(_resolve_config(config, head_dim, dtype, g))
-
-
-def _reference(q, k, v, layout, scale, return_lse):
-    from .reference import attention_reference
-    o, lse = attention_reference(q, k, v, layout, scale=scale)
-    o = o.to(q.dtype)
-    return (o, lse) if return_lse else o
+    try:
+        return _json(_resolve_config(config, head_dim, dtype, g)), ""
+    except InvalidConfigError as e:
+        return "", str(e)
 
 
 @lru_cache(maxsize=None)
@@ -349,20 +459,32 @@ def _kernel_available(cfg: AttentionConfig) -> bool:
     return True
 
 
-def precompile(*configs, dtype: torch.dtype | None = None, head_dim: int | None = None, layout=None):
+def precompile(*configs, dtype: torch.dtype | str | None = None, head_dim: int | None = None, layout=None):
     """Build kernels ahead of time (e.g. before CUDA-graph capture or torch.compile). Returns the kernels.
 
-    Pass configs (AttentionConfig or named config strings), or ``head_dim=``/``dtype=`` (and optionally
-    ``layout=``) to build the config ``sparse_attention`` would pick.
+    Pass configs (AttentionConfig objects, named configs, inline JSON or dicts, as the CLI takes them), or
+    ``head_dim=`` (64, 128 or 256) and ``dtype=`` (torch.float16 / torch.bfloat16, or 'fp16' / 'bf16'), and
+    optionally ``layout=``, to build the config ``sparse_attention`` would pick. Everything is checked before
+    anything is compiled.
     """
     from .jit.kernels import build
-    from .jit.spec import get_config
-    todo = [get_config(c) if isinstance(c, str) else c for c in configs]
+    from .jit.spec import resolve_config
+    todo = []
+    for c in configs:
+        if isinstance(c, (str, dict)):
+            todo.append(resolve_config(c))
+        elif isinstance(c, KernelConfig):
+            todo.append(c.validate())
+        else:
+            raise InvalidConfigError(f"precompile takes configs (an AttentionConfig, a named config, inline JSON "
+                                     f"or a dict), got {type(c).__name__} {c!r}")
     if head_dim is not None or dtype is not None:
         if head_dim is None or dtype is None:
             raise InvalidConfigError("precompile needs both head_dim= and dtype= (or explicit configs)")
         todo.append(default_config(head_dim, dtype, layout))
-    return [build(c.validate()) for c in todo]
+    elif layout is not None:
+        raise InvalidConfigError("precompile's layout= picks the config for head_dim= and dtype=: pass them too")
+    return [build(c) for c in todo]
 
 
 __all__ = ["sparse_attention", "precompile", "default_config"]

@@ -1003,9 +1003,17 @@ class BlockSparseLayout:
         so Flex's partial blocks become FULL when no rule is given - the layout then keeps every element of them,
         i.e. it over-approximates the Flex mask. With ``window_left``/``window_right`` given, partial blocks are
         intersected with that rule like ``from_block_mask`` does (RULE where it cuts, FULL where it keeps all,
-        dropped where it keeps nothing); pass the rule your mask_mod implements. The round trip
-        ``from_flex_block_mask(layout.to_flex_block_mask(), window_left=layout.window_left,
-        window_right=layout.window_right) == layout`` holds for layouts from our constructors."""
+        dropped where it keeps nothing); pass the rule your mask_mod implements.
+
+        One exception: Flex never lists a block of the last key column (query row) as full when ``seq_k``
+        (``seq_q``) ends inside it, so there "partial" may mean "cut by the mask_mod" or only "cut by the sequence
+        end" (e.g. a global block of ``global_local``). For those blocks the rule would cut or drop, the
+        BlockMask's own ``mask_mod`` is evaluated on the block (like Flex's ``create_mask``, O(block) work each):
+        a block it keeps whole (over ``q < seq_q``, ``k < seq_k``) is FULL (with BOUNDS on the last key column).
+
+        The round trip ``from_flex_block_mask(layout.to_flex_block_mask(), window_left=layout.window_left,
+        window_right=layout.window_right) == layout`` is exact for layouts from every constructor (and any layout
+        whose RULE bits sit only on blocks the rule cuts)."""
         bm = block_mask
         try:
             kv_num, kv_idx = bm.kv_num_blocks, bm.kv_indices
@@ -1042,7 +1050,23 @@ class BlockSparseLayout:
         have_rule = window_left is not None or window_right is not None
         wl = _window("window_left", -1 if window_left is None else window_left)
         wr = _window("window_right", -1 if window_right is None else window_right)
-        parts_ruled.append(torch.full(hp.shape, have_rule, dtype=torch.bool, device=hp.device))
+        ruled = torch.full(hp.shape, have_rule, dtype=torch.bool, device=hp.device)
+        if wl >= 0 or wr >= 0:
+            # Flex cannot call a block of the last key column (or query row) full when it reaches past seq_k
+            # (seq_q): such a block is partial whether the mask_mod cuts it or only the sequence end does. The
+            # ones the rule would cut or drop are ambiguous (a global block vs a band block); Flex's own semantics
+            # decide: where the mask_mod keeps every valid element the block is FULL (BOUNDS is added below).
+            edge = torch.zeros_like(ruled)
+            if g.seq_k % g.bn:
+                edge |= cp == g.nk - 1
+            if g.seq_q % g.bm:
+                edge |= rp == g.nq - 1
+            _, rule_all = g.classify(rp, cp, wl, wr)
+            amb = (edge & ~rule_all).nonzero().flatten()
+            if amb.numel():
+                whole = _mask_mod_keeps_all(bm, g, hp[amb], rp[amb], cp[amb])
+                ruled[amb[whole]] = False
+        parts_ruled.append(ruled)
         if full_num is not None:
             hf, rf, cf, hl_f = entries(full_num, full_idx, "full_kv")
             if hl_f != hl:
@@ -1166,6 +1190,43 @@ def _geom_for_blocks(nq: int, nk: int, seq_q: int | None, seq_k: int | None, blo
         raise LayoutError(f"{what} has {nq}x{nk} blocks but seq_q={g.seq_q}, seq_k={g.seq_k} with blocks "
                           f"{bm}x{bn} give {g.nq}x{g.nk}; pass matching seq_q/seq_k/block sizes")
     return g
+
+
+# elements of mask_mod evaluated at once by from_flex_block_mask (bool results plus int64 index temporaries)
+_MASK_MOD_CHUNK = 1 << 20
+
+
+def _mask_mod_keeps_all(block_mask: Any, g: _Geom, h: torch.Tensor, r: torch.Tensor,
+                        c: torch.Tensor) -> torch.Tensor:
+    """bool [n]: whether ``block_mask.mask_mod`` keeps every valid element (q < seq_q, k < seq_k) of the blocks
+    (h, r, c). Evaluated like Flex does (``create_mask``, vmapped), in chunks of blocks; indices past the
+    sequence ends are clamped so a mask_mod indexing per-position tensors stays in range (those elements are
+    ignored)."""
+    mask_mod = getattr(block_mask, "mask_mod", None)
+    if mask_mod is None:
+        return torch.ones(h.shape, dtype=torch.bool, device=h.device)
+    from torch.nn.attention.flex_attention import create_mask
+
+    dev = h.device
+    out = torch.empty(h.shape, dtype=torch.bool, device=dev)
+    step = max(1, _MASK_MOD_CHUNK // (g.bm * g.bn))
+    qi, ki = torch.arange(g.bm, device=dev), torch.arange(g.bn, device=dev)
+    for s in range(0, h.numel(), step):
+        hh, q0, k0 = h[s:s + step], r[s:s + step] * g.bm, c[s:s + step] * g.bn
+
+        def one_block(b, i, q, k, hh=hh, q0=q0, k0=k0):
+            return mask_mod(b, hh[i], torch.clamp(q0[i] + q, max=g.seq_q - 1),
+                            torch.clamp(k0[i] + k, max=g.seq_k - 1))
+
+        try:
+            got = create_mask(one_block, 1, hh.numel(), g.bm, g.bn, device=dev)[0].bool()
+        except Exception as e:  # noqa: BLE001 - any failure of user code is reported the same way
+            raise InputError(f"evaluating the BlockMask's mask_mod on its boundary blocks failed ({e!r}); "
+                             "it must work under torch.vmap like flex_attention's create_mask needs") from None
+        valid = (((q0.unsqueeze(1) + qi) < g.seq_q).unsqueeze(2)
+                 & ((k0.unsqueeze(1) + ki) < g.seq_k).unsqueeze(1))
+        out[s:s + step] = (got | ~valid).flatten(1).all(1)
+    return out
 
 
 def _rebuild(row_ptr, col_idx, block_kind, seq_q, seq_k, block_m, block_n, wl, wr) -> BlockSparseLayout:

@@ -925,7 +925,8 @@ class BlockSparseLayout:
 
         ``keep_diagonal=False``: exactly ``torch.topk(scores, k, dim=-1).indices``.
         ``keep_diagonal=True``: the diagonal block ``diag(r)`` plus ``torch.topk`` (k - 1) over the row's other
-        blocks. ``k`` is clamped to nk. Every selected block is listed, whatever its score (-inf included)."""
+        blocks. ``k`` is clamped to nk. Every selected block is listed, whatever its score (-inf included).
+        Extra memory O(H * nq * k) plus a bounded chunk of rows: the scores are never copied."""
         s = _as_tensor("scores", scores)
         if not s.is_floating_point():
             raise InputError(f"scores must be a floating-point tensor, got {s.dtype}; pass scores.float()")
@@ -938,15 +939,7 @@ class BlockSparseLayout:
         kk = min(_as_int("k", k, 1), nk)
         dev = s.device
         if keep_diagonal:
-            d = g.diag(torch.arange(nq, device=dev))                      # [nq]
-            other = torch.arange(nk - 1, device=dev).unsqueeze(0)         # [1, nk-1]
-            other = other + (other >= d.unsqueeze(1)).long()               # [nq, nk-1]: columns except diag
-            picked = [d.view(1, nq, 1).expand(hl, nq, 1)]
-            if kk > 1:
-                sub = torch.gather(s, 2, other.unsqueeze(0).expand(hl, nq, nk - 1))
-                top = torch.topk(sub, kk - 1, dim=2).indices
-                picked.append(torch.gather(other.unsqueeze(0).expand(hl, nq, nk - 1), 2, top))
-            cols = torch.cat(picked, dim=2)
+            cols = _diag_plus_topk(s, g.diag(torch.arange(nq, device=dev)), kk)
         else:
             cols = torch.topk(s, kk, dim=2).indices
         cols = torch.sort(cols, dim=2).values
@@ -1190,6 +1183,35 @@ def _geom_for_blocks(nq: int, nk: int, seq_q: int | None, seq_k: int | None, blo
         raise LayoutError(f"{what} has {nq}x{nk} blocks but seq_q={g.seq_q}, seq_k={g.seq_k} with blocks "
                           f"{bm}x{bn} give {g.nq}x{g.nk}; pass matching seq_q/seq_k/block sizes")
     return g
+
+
+# score elements from_scores(keep_diagonal=True) gathers at once (a float copy plus int64 column numbers)
+_SCORES_CHUNK = 1 << 18
+
+
+def _diag_plus_topk(s: torch.Tensor, d: torch.Tensor, kk: int) -> torch.Tensor:
+    """int64 [H, nq, kk]: per row the column ``d[r]`` followed by ``torch.topk`` (kk - 1) of the row's other
+    columns (taken from the row without column d, in column order).
+
+    Rows are processed in chunks of about ``_SCORES_CHUNK`` score elements, so the extra memory is O(H * nq * kk)
+    plus one chunk, never a copy of the scores: each chunk runs the very same gather + topk on its rows as a single
+    pass over all rows would, and topk selects per row, so the result (ties included) does not depend on the
+    chunking."""
+    hl, nq, nk = s.shape
+    dev = s.device
+    out = torch.empty(hl, nq, kk, dtype=torch.int64, device=dev)
+    out[:, :, 0] = d.unsqueeze(0)
+    if kk == 1:
+        return out
+    step = max(1, _SCORES_CHUNK // max(1, hl * (nk - 1)))
+    base = torch.arange(nk - 1, device=dev).unsqueeze(0)                          # [1, nk-1]
+    for r0 in range(0, nq, step):
+        dd = d[r0:r0 + step].unsqueeze(1)
+        other = (base + (base >= dd).long()).unsqueeze(0).expand(hl, -1, -1)    # [H, n, nk-1]: columns but d
+        sub = torch.gather(s[:, r0:r0 + step], 2, other)
+        top = torch.topk(sub, kk - 1, dim=2).indices
+        out[:, r0:r0 + step, 1:] = torch.gather(other, 2, top)
+    return out
 
 
 # elements of mask_mod evaluated at once by from_flex_block_mask (bool results plus int64 index temporaries)

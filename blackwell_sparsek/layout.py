@@ -503,13 +503,31 @@ class BlockSparseLayout:
         return (self._seq_q, self._seq_k, self._block_m, self._block_n, self._window_left, self._window_right,
                 tuple(self._nnz_per_head))
 
+    def _with_values(self) -> "BlockSparseLayout | None":
+        """This layout, or for one on ``meta`` (shapes without values) a device copy of it that holds values;
+        None when it has none."""
+        if self.device.type != "meta":
+            return self
+        for copy in (self._copies or {}).values():
+            if copy.device.type != "meta":
+                return copy
+        return None
+
     def __eq__(self, other: object) -> bool:
+        """Same sizes, rule and tensors (compared on this layout's device). A layout on ``meta`` has no values:
+        it is compared through a device copy of the same layout that has them (``lay.to('meta') == lay``), and
+        without one it equals only itself and its own device copies (never a merely look-alike layout)."""
         if not isinstance(other, BlockSparseLayout):
             return NotImplemented
-        if self is other:
-            return True
+        if self is other or (self._copies is not None and self._copies is other._copies):
+            return True  # one layout and its device copies: the same data
         if self._key() != other._key() or self._col_idx.shape != other._col_idx.shape:
             return False
+        a, b = self._with_values(), other._with_values()
+        if a is None or b is None:
+            return False
+        if a is not self or b is not other:
+            return a == b
         dev = self.device
         return (torch.equal(self._row_ptr, other._row_ptr.to(dev))
                 and torch.equal(self._col_idx, other._col_idx.to(dev))
@@ -546,6 +564,10 @@ class BlockSparseLayout:
             object.__setattr__(other, "_copies", copies)
             copies[dev] = other
         return other
+
+    def _placed(self, device: Any) -> "BlockSparseLayout":
+        """``to(device)``, where None (accepted by every constructor) keeps the layout where it was built."""
+        return self if device is None else self.to(device)
 
     def cpu(self) -> "BlockSparseLayout":
         return self.to("cpu")
@@ -752,7 +774,7 @@ class BlockSparseLayout:
             kind |= (c == g.nk - 1).to(torch.uint8) * BOUNDS
         ptr, idx, kinds = _compress(1, g.nq, g.nk, torch.zeros_like(r), r, c, kind, presorted=True)
         lay = cls._trusted(ptr, idx, kinds, g, wl, wr)
-        return lay._repeat_heads(num_heads).to(device)
+        return lay._repeat_heads(num_heads)._placed(device)
 
     def _repeat_heads(self, num_heads: int) -> "BlockSparseLayout":
         n = _as_int("num_heads", num_heads, 1)
@@ -824,7 +846,7 @@ class BlockSparseLayout:
         r, c = r[ok], c[ok]
         wl, wr = (-1, 0) if causal else (-1, -1)
         lay = cls._build(g, 1, torch.zeros_like(r), r, c, wl, wr)
-        return lay._repeat_heads(num_heads).to(device)
+        return lay._repeat_heads(num_heads)._placed(device)
 
     @classmethod
     def dilated(cls, seq_q: int, n_blocks: int, dilation: int, seq_k: int | None = None, block_m: int = 128,
@@ -869,7 +891,7 @@ class BlockSparseLayout:
         ruled = torch.cat([torch.ones(rb.numel(), dtype=torch.bool),
                            torch.zeros(r_gc.numel() + r_gr.numel(), dtype=torch.bool)])
         lay = cls._build(g, 1, torch.zeros_like(r), r, c, w - 1, w - 1, ruled=ruled)
-        return lay._repeat_heads(num_heads).to(device)
+        return lay._repeat_heads(num_heads)._placed(device)
 
     @classmethod
     def random_topk(cls, seq_q: int, k: int, seed: int = 0, seq_k: int | None = None, block_m: int = 128,
@@ -891,7 +913,7 @@ class BlockSparseLayout:
         cols = torch.cat(parts)  # [hl * nq, kk]
         flat = torch.arange(n_rows).repeat_interleave(kk)
         lay = cls._build(g, hl, flat // g.nq, flat % g.nq, cols.reshape(-1), -1, -1, presorted=True)
-        return lay.to(device)
+        return lay._placed(device)
 
     @classmethod
     def from_block_mask(cls, mask: Any, seq_q: int | None = None, seq_k: int | None = None, block_m: int = 128,
@@ -1254,3 +1276,8 @@ def _mask_mod_keeps_all(block_mask: Any, g: _Geom, h: torch.Tensor, r: torch.Ten
 def _rebuild(row_ptr, col_idx, block_kind, seq_q, seq_k, block_m, block_n, wl, wr) -> BlockSparseLayout:
     return BlockSparseLayout(row_ptr, col_idx, block_kind, seq_q=seq_q, seq_k=seq_k, block_m=block_m,
                              block_n=block_n, window_left=wl, window_right=wr)
+
+
+# torch.load's default (weights_only=True) unpickles only allow-listed globals: a saved layout rebuilds through
+# _rebuild, which validates every tensor like the public constructor, so it is safe to allow.
+torch.serialization.add_safe_globals([_rebuild])

@@ -1,10 +1,10 @@
 """Block-sparse attention layouts: which (query block, key block) tiles a kernel visits, and how it masks them.
 
-A :class:`BlockSparseLayout` is runtime data (DESIGN.md, convention 5): three small tensors handed to the CUDA kernel
+A :class:`BlockSparseLayout` is runtime data (DESIGN.md, convention 5): small index tensors handed to the CUDA kernel
 as arguments, never template parameters, so a new mask never triggers a compile.
 
-Kernel contract (the kernel reads exactly these tensors)
--------------------------------------------------------
+Storage (BSR / CSR over query-block rows)
+-----------------------------------------
 ``Hl`` is the number of layout heads: 1 (one layout shared by every head) or ``H`` (one per head). Batch always
 broadcasts. ``nq = ceil(seq_q / block_m)``, ``nk = ceil(seq_k / block_n)``.
 
@@ -16,14 +16,23 @@ broadcasts. ``nq = ceil(seq_q / block_m)``, ``nk = ceil(seq_k / block_n)``.
                ``FULL = 0`` (no element mask), ``BOUNDS = 1`` (the block reaches past ``seq_k``: mask ``k >= seq_k``),
                ``RULE = 2`` (apply the element rule below). ``3`` = both.
 
+What the kernel reads
+---------------------
+Not ``row_ptr``: the kernel's tile scheduler reads ``row_schedule()``, int32 ``[Hl, nq, 4]``, one 16-byte entry per
+query-block row in heaviest-first order ``(row, start, end, first)`` with ``first = column | kind << 24`` of the
+row's first block, and then the row's blocks ``col_idx[h, start:end]`` and ``block_kind[h, start:end]``. The schedule
+is derived from ``row_ptr`` on the layout's device and cached; on a CUDA device it is built as soon as the layout
+is (never lazily inside a traced or captured region).
+
 Element rule (``window_left``, ``window_right``; ``-1`` = unbounded), bottom-right aligned like FlashAttention: with
 ``q' = q + (seq_k - seq_q)``, element ``(q, k)`` is kept iff ``(window_left < 0 or k >= q' - window_left)`` and
 ``(window_right < 0 or k <= q' + window_right)``. Causal is ``(-1, 0)``; a causal sliding window of ``W`` keys is
 ``(W - 1, 0)``. The rule is applied only inside blocks whose RULE bit is set.
 
-Invariants every constructor keeps (FlexAttention's full/partial split): a listed block has RULE exactly when the
-rule cuts through it (keeps some but not all of its valid elements), blocks the rule masks entirely are not listed,
-and BOUNDS is set exactly on the listed blocks of the last key column when ``seq_k % block_n != 0``.
+Invariants every constructor keeps (FlexAttention's full/partial split): RULE is set exactly on the listed blocks
+the rule cuts through (keeps some but not all of their valid elements) among those the pattern subjects to the rule
+(``global_local``'s global blocks are not: they are FULL), such blocks the rule masks entirely are not listed, and
+BOUNDS is set exactly on the listed blocks of the last key column when ``seq_k % block_n != 0``.
 ``validate()`` checks the structural part of this (and that BOUNDS is exact, and that RULE is never set on a layout
 without a rule).
 
@@ -43,6 +52,7 @@ from typing import Any
 
 import torch
 
+from ._trusted import mark as _mark_checked
 from .errors import InputError, LayoutError
 
 __all__ = ["BlockSparseLayout", "BlockSparseCSC", "FULL", "BOUNDS", "RULE"]
@@ -54,6 +64,10 @@ RULE = 2
 # to_element_mask / plot refuse beyond this many elements: they are for tests, references and pictures.
 _MAX_ELEMENT_MASK = 1 << 26  # 64M
 _MAX_DENSE_BLOCKS = 1 << 26
+# the row schedule packs a block column in 24 bits (column | kind << 24)
+_MAX_SCHEDULE_KBLOCKS = 1 << 24
+# device types on which the views a kernel reads are built with the layout (elsewhere lazily, on first use)
+_EAGER_VIEW_DEVICES = ("cuda",)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -316,7 +330,7 @@ class BlockSparseLayout:
                    _window("window_left", window_left), _window("window_right", window_right), None)
         self.validate()
         self._set_nnz()
-        object.__setattr__(self, "_frozen", True)
+        self._finish()
 
     def _init(self, row_ptr, col_idx, block_kind, seq_q, seq_k, bm, bn, wl, wr, nnz_per_head) -> None:
         s = object.__setattr__
@@ -350,8 +364,21 @@ class BlockSparseLayout:
             self.validate()
         if nnz_per_head is None:
             self._set_nnz()
-        object.__setattr__(self, "_frozen", True)
+        self._finish()
         return self
+
+    def _finish(self) -> None:
+        """Freeze; mark the (validated or derived) kernel tensors as checked; on a CUDA device build the views a
+        kernel reads now. Building them lazily on first use would, under torch.compile or CUDA-graph capture,
+        make them intermediates of the traced region (overwritten by a later replay) instead of inputs."""
+        object.__setattr__(self, "_frozen", True)
+        _mark_checked(self._row_ptr, self._col_idx, self._block_kind)
+        if self.device.type in _EAGER_VIEW_DEVICES:
+            self._build_kernel_views()
+
+    def _build_kernel_views(self) -> None:
+        if self.n_kblocks <= _MAX_SCHEDULE_KBLOCKS:  # beyond, no kernel can take it: row_schedule() says why
+            self.row_schedule()
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"BlockSparseLayout is immutable (cannot set {name!r}); build a new layout instead")
@@ -636,9 +663,9 @@ class BlockSparseLayout:
         before a row's first K/V load or its first softmax step."""
         got = self._cache.get("row_schedule")
         if got is None:
-            if self.n_kblocks > 1 << 24:
+            if self.n_kblocks > _MAX_SCHEDULE_KBLOCKS:
                 raise LayoutError(f"{self.n_kblocks} key blocks: the kernel's row schedule holds a block column in "
-                                  f"24 bits (at most {1 << 24}); use larger blocks")
+                                  f"24 bits (at most {_MAX_SCHEDULE_KBLOCKS}); use larger blocks")
             order = self.row_order().long()
             start = torch.gather(self.row_ptr[:, :-1], 1, order)
             end = torch.gather(self.row_ptr[:, 1:], 1, order)
@@ -646,6 +673,7 @@ class BlockSparseLayout:
             packed = self.col_idx | (self.block_kind.to(self.col_idx.dtype) << 24)
             first = torch.where(end > start, torch.gather(packed, 1, at), torch.zeros_like(start))
             got = torch.stack([order.to(torch.int32), start, end, first], dim=2)  # int32 like row_ptr, contiguous
+            _mark_checked(got)
             self._cache["row_schedule"] = got
         return got
 

@@ -1,4 +1,5 @@
-"""Layouts across devices, equality and saving (issue 24 item 24). CPU only."""
+"""Layouts across devices, equality, saving, and the checked-tensor marks (issue 24 items 24 and 28, issue 28 item 3
+support). CPU, plus one GPU test (marked) for the eager kernel views on a CUDA device."""
 from __future__ import annotations
 
 import io
@@ -7,7 +8,9 @@ import pickle
 import pytest
 import torch
 
+import blackwell_sparsek as bsk
 import blackwell_sparsek.layout as layout_mod
+from blackwell_sparsek import _trusted
 from blackwell_sparsek.errors import LayoutError
 from blackwell_sparsek.layout import BlockSparseLayout as L
 
@@ -100,3 +103,81 @@ def test_torch_load_validates_what_it_rebuilds():
     buf.seek(0)
     with pytest.raises(LayoutError, match="must lie in"):
         torch.load(buf)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# checked-tensor marks (issue 28 item 3 support)
+# ------------------------------------------------------------------------------------------------------------
+
+def _marked(lay):
+    return all(_trusted.is_marked(t) for t in (lay.row_ptr, lay.col_idx, lay.block_kind))
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_layout_tensors_are_marked(name):
+    lay = PATTERNS[name](num_heads=2) if name not in ("from_block_mask", "from_bsr") else PATTERNS[name]()
+    assert _marked(lay)
+    assert _trusted.is_marked(lay.row_schedule())
+    assert _marked(lay.to("meta"))
+    if lay.window_left < 0:  # with_causal of a layout without a rule is always expressible
+        assert _marked(lay.with_causal()) and _trusted.is_marked(lay.with_causal().row_schedule())
+
+
+def test_raw_constructor_marks_only_valid_tensors():
+    good = L.causal(300, block_m=64, block_n=64)
+    rp, ci, bk = good.row_ptr.clone(), good.col_idx.clone(), good.block_kind.clone()
+    assert not any(_trusted.is_marked(t) for t in (rp, ci, bk))  # clones of marked tensors are not marked
+    ci_bad = ci.clone()
+    ci_bad[0, 0] = 99
+    with pytest.raises(LayoutError):
+        L(rp, ci_bad, bk, seq_q=300, block_m=64, block_n=64, window_right=0)
+    assert not any(_trusted.is_marked(t) for t in (rp, ci_bad, bk))
+    lay = L(rp, ci, bk, seq_q=300, block_m=64, block_n=64, window_right=0)
+    assert _marked(lay)
+    lay.col_idx.add_(0)  # an in-place write (forbidden by the contract) drops the mark
+    assert not _trusted.is_marked(lay.col_idx)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# kernel views built eagerly on a kernel device (issue 24 item 28)
+# ------------------------------------------------------------------------------------------------------------
+
+def test_kernel_views_lazy_on_cpu():
+    lay = L.causal(1000, block_m=64, block_n=64)
+    assert "row_schedule" not in lay._cache
+    lay.row_schedule()
+    assert "row_schedule" in lay._cache
+
+
+def test_kernel_views_eager_on_kernel_devices(monkeypatch):
+    """What a CUDA device gets, checked on CPU by declaring 'meta' a kernel device: moving a layout there (and
+    building one there) builds the row schedule with it, so no traced region ever computes it."""
+    monkeypatch.setattr(layout_mod, "_EAGER_VIEW_DEVICES", ("cuda", "meta"))
+    lay = L.causal(1000, 900, block_m=64, block_n=64, num_heads=2)
+    assert "row_schedule" not in lay._cache
+    m = lay.to("meta")
+    assert "row_schedule" in m._cache and _trusted.is_marked(m._cache["row_schedule"])
+    assert m._cache["row_schedule"].shape == lay.row_schedule().shape
+    built_there = L.sliding_window(1000, 100, block_m=64, block_n=64, device="meta")
+    assert "row_schedule" in built_there._cache
+
+
+def test_kernel_views_skip_unschedulable_layouts(monkeypatch):
+    """A layout with more key blocks than the schedule can hold still moves (its row_schedule() raises)."""
+    monkeypatch.setattr(layout_mod, "_EAGER_VIEW_DEVICES", ("cuda", "meta"))
+    wide = L(torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([[5]], dtype=torch.int32),
+             torch.zeros(1, 1, dtype=torch.uint8), seq_q=64, seq_k=((1 << 24) + 1) * 64, block_m=64, block_n=64)
+    m = wide.to("meta")
+    with pytest.raises(LayoutError, match="24 bits"):
+        m.row_schedule()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernel_views_eager_on_cuda():
+    lay = bsk.BlockSparseLayout.global_local(3000, 1, 300, 2900, 128, 128, num_heads=2)
+    d = lay.to("cuda")
+    assert "row_schedule" in d._cache and _trusted.is_marked(d._cache["row_schedule"])
+    assert torch.equal(d._cache["row_schedule"].cpu(), lay.row_schedule())
+    c = d.with_causal()  # built on the device: views built with it
+    assert "row_schedule" in c._cache and torch.equal(c.row_schedule().cpu(), lay.with_causal().row_schedule())

@@ -10,6 +10,7 @@ import torch
 
 import blackwell_sparsek as bsk
 import blackwell_sparsek.layout as layout_mod
+import blackwell_sparsek.layout.bsr as bsr_mod
 from blackwell_sparsek import _trusted
 from blackwell_sparsek.errors import LayoutError
 from blackwell_sparsek.layout import BlockSparseLayout as L
@@ -152,7 +153,7 @@ def test_kernel_views_lazy_on_cpu():
 def test_kernel_views_eager_on_kernel_devices(monkeypatch):
     """What a CUDA device gets, checked on CPU by declaring 'meta' a kernel device: moving a layout there (and
     building one there) builds the row schedule with it, so no traced region ever computes it."""
-    monkeypatch.setattr(layout_mod, "_EAGER_VIEW_DEVICES", ("cuda", "meta"))
+    monkeypatch.setattr(bsr_mod, "_EAGER_VIEW_DEVICES", ("cuda", "meta"))
     lay = L.causal(1000, 900, block_m=64, block_n=64, num_heads=2)
     assert "row_schedule" not in lay._cache
     m = lay.to("meta")
@@ -164,7 +165,7 @@ def test_kernel_views_eager_on_kernel_devices(monkeypatch):
 
 def test_kernel_views_skip_unschedulable_layouts(monkeypatch):
     """A layout with more key blocks than the schedule can hold still moves (its row_schedule() raises)."""
-    monkeypatch.setattr(layout_mod, "_EAGER_VIEW_DEVICES", ("cuda", "meta"))
+    monkeypatch.setattr(bsr_mod, "_EAGER_VIEW_DEVICES", ("cuda", "meta"))
     wide = L(torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([[5]], dtype=torch.int32),
              torch.zeros(1, 1, dtype=torch.uint8), seq_q=64, seq_k=((1 << 24) + 1) * 64, block_m=64, block_n=64)
     m = wide.to("meta")

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-import blackwell_sparsek.layout as layout_mod
+import blackwell_sparsek.layout.patterns as patterns_mod
 from blackwell_sparsek.layout import BlockSparseLayout as L
 
 
@@ -48,7 +48,7 @@ def test_keep_diagonal_equals_definition(monkeypatch, chunk, ties, heads, sq, sk
     """Equal to the definition on random scores, also with many ties (scores from {0, 1, 2} and -inf) and with
     the row chunking forced down to one row per chunk."""
     if chunk is not None:
-        monkeypatch.setattr(layout_mod, "_SCORES_CHUNK", chunk)
+        monkeypatch.setattr(patterns_mod, "_SCORES_CHUNK", chunk)
     nq, nk = _cdiv(sq, bm), _cdiv(sk, bn)
     g = torch.Generator().manual_seed(sq + 7 * k + heads)
     if ties:

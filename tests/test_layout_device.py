@@ -120,6 +120,7 @@ def test_layout_tensors_are_marked(name):
     assert _marked(lay)
     assert _trusted.is_marked(lay.row_schedule())
     assert _marked(lay.to("meta"))
+    assert _marked(lay.transpose()) and _trusted.is_marked(lay.transpose().row_schedule())
     if lay.window_left < 0:  # with_causal of a layout without a rule is always expressible
         assert _marked(lay.with_causal()) and _trusted.is_marked(lay.with_causal().row_schedule())
 
@@ -159,8 +160,11 @@ def test_kernel_views_eager_on_kernel_devices(monkeypatch):
     m = lay.to("meta")
     assert "row_schedule" in m._cache and _trusted.is_marked(m._cache["row_schedule"])
     assert m._cache["row_schedule"].shape == lay.row_schedule().shape
+    t = m._cache["transpose"]  # the transpose and its schedule, for a backward pass
+    assert "row_schedule" in t._cache and _trusted.is_marked(t._cache["row_schedule"]) and _marked(t)
+    assert t._cache["row_schedule"].shape == lay.transpose().row_schedule().shape
     built_there = L.sliding_window(1000, 100, block_m=64, block_n=64, device="meta")
-    assert "row_schedule" in built_there._cache
+    assert "row_schedule" in built_there._cache and "row_schedule" in built_there._cache["transpose"]._cache
 
 
 def test_kernel_views_skip_unschedulable_layouts(monkeypatch):
@@ -180,5 +184,8 @@ def test_kernel_views_eager_on_cuda():
     d = lay.to("cuda")
     assert "row_schedule" in d._cache and _trusted.is_marked(d._cache["row_schedule"])
     assert torch.equal(d._cache["row_schedule"].cpu(), lay.row_schedule())
+    t = d._cache["transpose"]
+    assert "row_schedule" in t._cache and "balanced_rows" in t._cache and t.device == d.device
+    assert torch.equal(t.row_schedule().cpu(), lay.transpose().row_schedule())
     c = d.with_causal()  # built on the device: views built with it
     assert "row_schedule" in c._cache and torch.equal(c.row_schedule().cpu(), lay.with_causal().row_schedule())

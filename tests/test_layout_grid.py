@@ -143,3 +143,65 @@ def test_flex_user_mask_global_blocks_at_sequence_ends():
     assert torch.equal(lay.to_element_mask(), want)
     grid_ = lay.to_kind_grid()[0]
     assert int(grid_[0, 7]) == L.BOUNDS and int(grid_[7, 0]) == L.FULL and int(grid_[7, 7]) == L.BOUNDS
+
+
+# ------------------------------------------------------------------------------------------------------------
+# transpose: the same type over the key axis (issue 25 item 4)
+# ------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,sq,sk,bm,bn,h", grid())
+def test_transpose(name, sq, sk, bm, bn, h):
+    lay = build(name, sq, sk, bm, bn, h)
+    t = lay.transpose()
+    assert type(t) is L and t is lay.transpose() and t.transpose() is lay
+    assert (t.seq_q, t.seq_k, t.block_m, t.block_n, t.num_heads) == (sk, sq, bn, bm, lay.num_heads)
+    assert (t.window_left, t.window_right) == (lay.window_right, lay.window_left)
+    assert t.nnz_per_head == lay.nnz_per_head and t.col_idx.shape == lay.col_idx.shape
+    t.validate()  # the kernel contract, BOUNDS on the new last column included
+    assert torch.equal(t.to_element_mask(), lay.to_element_mask().transpose(-1, -2))
+    assert torch.equal(t.to_dense_mask(), lay.to_dense_mask().transpose(-1, -2))
+    # its schedule runs the heaviest key columns first (stable: ties keep column order)
+    cols = lay.to_dense_mask().sum(1)                                           # [Hl, nk] blocks per key column
+    want = torch.sort(cols, dim=1, descending=True, stable=True).indices
+    assert torch.equal(t.row_order().long(), want)
+    assert torch.equal(t.row_schedule()[..., 0].long(), want)
+    # a layout built independently from the transposed mask with the swapped rule agrees wherever the pattern is
+    # subject to the rule everywhere (canonical RULE bits) - e.g. the plain rule constructors
+    if name in ("dense", "causal", "window_causal", "window_sym"):
+        again = L.from_block_mask(lay.to_dense_mask().transpose(-1, -2), sk, sq, bn, bm,
+                                  window_left=lay.window_right, window_right=lay.window_left)
+        assert again == t
+    # the double transpose of an equal, separately built layout is equal too
+    assert build(name, sq, sk, bm, bn, h).transpose().transpose() == lay
+
+
+@pytest.mark.parametrize("name", ["causal", "global_local", "random_topk", "window_sym+causal"])
+def test_transpose_flex_round_trip(name):
+    pytest.importorskip("torch.nn.attention.flex_attention", reason="torch has no flex_attention BlockMask")
+    for sq, sk, bm, bn in GRID_SIZES:
+        t = build(name, sq, sk, bm, bn, 3).transpose()
+        back = L.from_flex_block_mask(t.to_flex_block_mask(), window_left=t.window_left,
+                                      window_right=t.window_right)
+        assert back == t
+
+
+def test_transpose_has_no_host_sync():
+    """On meta (shapes only, any host sync such as .item() or nonzero raises) the transpose and its schedule are
+    computed all the same: the same steps run on a CUDA device without waiting for it."""
+    lay = L.global_local(1000, 1, 100, 900, 64, 128, num_heads=3)
+    m = lay.to("meta")
+    t = m.transpose()
+    assert t.device.type == "meta" and t.col_idx.shape == lay.transpose().col_idx.shape
+    assert t.row_schedule().shape == (3, lay.n_kblocks, 4) and t.transpose() is m
+
+
+def test_transpose_of_empty_and_single_block_layouts():
+    empty = L.from_block_mask(torch.zeros(2, 3, 4, dtype=torch.bool), 300, 250, 128, 64)
+    t = empty.transpose()
+    assert t.nnz == 0 and t.row_ptr.shape == (2, 5) and t.col_idx.shape == (2, 1)
+    assert torch.equal(t.row_schedule()[..., 1:], torch.zeros(2, 4, 3, dtype=torch.int32))
+    one = L.dense(1, 1, 64, 64)
+    assert one.transpose().to_kind_grid().tolist() == [[[L.BOUNDS]]] and one.transpose().transpose() is one
+    # BOUNDS follows the sequence end of the new columns (the queries): from seq_q % block_m, not seq_k % block_n
+    assert L.dense(64, 1, 64, 64).transpose().to_kind_grid().tolist() == [[[L.FULL]]]
+    assert L.dense(1, 64, 64, 64).transpose().to_kind_grid().tolist() == [[[L.BOUNDS]]]

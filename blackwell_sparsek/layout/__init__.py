@@ -4,8 +4,8 @@ A :class:`BlockSparseLayout` is runtime data (DESIGN.md, convention 5): small in
 as arguments, never template parameters, so a new mask never triggers a compile. One class, assembled from modules
 of one concern each:
 
-``bsr.py``        storage (BSR over query-block rows), validation, equality, device copies, the CSC view and
-                  the row schedules a kernel reads; generic, no attention rule.
+``bsr.py``        storage (BSR over query-block rows), validation, equality, device copies, ``transpose()`` (the
+                  same type over the key axis) and the row schedules a kernel reads; generic, no attention rule.
 ``attention.py``  the element rule (causal / windows), block geometry, ``with_causal()``, ``to_element_mask()``.
 ``patterns.py``   the constructors (``dense``, ``causal``, ``sliding_window``, ..., ``from_scores``).
 ``interop.py``    FlashInfer/SciPy BSR, FlexAttention ``BlockMask`` both ways, ``plot()``.
@@ -19,11 +19,11 @@ import torch
 
 from ._common import BOUNDS, FULL, RULE
 from .attention import AttentionRule
-from .bsr import BlockSparseCSC, BsrBase
+from .bsr import BsrBase
 from .interop import Interop
 from .patterns import Patterns
 
-__all__ = ["BlockSparseLayout", "BlockSparseCSC", "FULL", "BOUNDS", "RULE"]
+__all__ = ["BlockSparseLayout", "FULL", "BOUNDS", "RULE"]
 
 
 class BlockSparseLayout(Patterns, Interop, AttentionRule, BsrBase):
@@ -35,7 +35,7 @@ class BlockSparseLayout(Patterns, Interop, AttentionRule, BsrBase):
     block_n=..., window_left=-1, window_right=-1)``, which validates them.
 
     Immutable: attributes are read-only and the tensors must never be modified in place (device copies, the causal
-    variant, the CSC view, ``row_order()`` and ``row_schedule()`` are cached on the object).
+    variant, the transpose, ``row_order()`` and ``row_schedule()`` are cached on the object).
     """
 
     __slots__ = ()

@@ -20,75 +20,32 @@ What a kernel reads
 -------------------
 Not ``row_ptr``: a kernel's tile scheduler reads ``row_schedule()``, int32 ``[Hl, nq, 4]``, one 16-byte entry per
 block row in heaviest-first order ``(row, start, end, first)`` with ``first = column | kind << 24`` of the row's
-first block, and then the row's blocks ``col_idx[h, start:end]`` and ``block_kind[h, start:end]``.
+first block, and then the row's blocks ``col_idx[h, start:end]`` and ``block_kind[h, start:end]``. The same holds for
+``transpose()`` (the same type over the key axis: rows are key blocks), whose schedule runs the heaviest key columns
+first, for a backward pass or a GEMM walking columns.
 
 Views are derived from the one BSR on the layout's device and cached on it. On a CUDA device the views a kernel
-reads (the row schedule) are built when the layout is built there or moved there, never lazily inside a traced or
-captured region; elsewhere they are built on first use. Every tensor the layout validated or derived itself is
-marked in ``blackwell_sparsek._trusted`` so the ops need not check its values again.
+reads (the row schedule, the transpose and its schedule) are built when the layout is built there or moved there,
+never lazily inside a traced or captured region; elsewhere they are built on first use. Every tensor the layout
+validated or derived itself is marked in ``blackwell_sparsek._trusted`` so the ops need not check its values again.
 
 Layouts are immutable: attributes are read-only and the tensors must not be mutated in place (they are shared with
 cached device copies and derived layouts). Every transform returns a new layout.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
 from .._trusted import mark as _mark_checked
 from ..errors import LayoutError
-from ._common import (BOUNDS, FULL, MAX_DENSE_BLOCKS, RULE, as_int, as_window, cdiv, compress, normalize_device,
-                      rule_desc)
+from ._common import BOUNDS, FULL, MAX_DENSE_BLOCKS, RULE, as_int, as_window, cdiv, normalize_device, rule_desc
 
 # the row schedule packs a block column in 24 bits (column | kind << 24)
 MAX_SCHEDULE_KBLOCKS = 1 << 24
 # device types on which the views a kernel reads are built with the layout (elsewhere lazily, on first use)
 _EAGER_VIEW_DEVICES = ("cuda",)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class BlockSparseCSC:
-    """Column-major (CSC) view of a layout, for a backward pass that walks key blocks (dK, dV).
-
-    ``col_ptr`` int32 ``[Hl, nk + 1]``, ``row_idx`` int32 ``[Hl, nnz_max]`` (rows ascending within a column, padding 0),
-    ``block_kind`` uint8 aligned with ``row_idx``. Lists exactly the (row, col, kind) triples of the layout it came
-    from; the element rule and sizes are the same. Immutable like the layout.
-    """
-
-    col_ptr: torch.Tensor
-    row_idx: torch.Tensor
-    block_kind: torch.Tensor
-    _layout: "BsrBase" = dataclasses.field(repr=False)
-
-    # Sizes and the rule are the layout's own: read through, never copied.
-    seq_q = property(lambda self: self._layout.seq_q)
-    seq_k = property(lambda self: self._layout.seq_k)
-    block_m = property(lambda self: self._layout.block_m)
-    block_n = property(lambda self: self._layout.block_n)
-    window_left = property(lambda self: self._layout.window_left)
-    window_right = property(lambda self: self._layout.window_right)
-    num_heads = property(lambda self: self._layout.num_heads)
-    n_qblocks = property(lambda self: self._layout.n_qblocks)
-    n_kblocks = property(lambda self: self._layout.n_kblocks)
-    nnz = property(lambda self: self._layout.nnz)
-    device = property(lambda self: self.col_ptr.device)
-
-    def col_order(self) -> torch.Tensor:
-        """int32 [Hl, nk]: key-block columns by descending number of blocks (stable), heaviest first."""
-        counts = self.col_ptr[:, 1:] - self.col_ptr[:, :-1]
-        return torch.sort(counts, dim=1, descending=True, stable=True).indices.to(torch.int32)
-
-    def transpose(self) -> "BsrBase":
-        """Back to the row-major layout this view came from."""
-        return self._layout
-
-    def to_dense_mask(self) -> torch.Tensor:
-        return self._layout.to_dense_mask()
-
-    def __repr__(self) -> str:
-        return f"BlockSparseCSC(of {self._layout!r})"
 
 
 class BsrBase:
@@ -165,8 +122,13 @@ class BsrBase:
             self._build_kernel_views()
 
     def _build_kernel_views(self) -> None:
-        if self.n_kblocks <= MAX_SCHEDULE_KBLOCKS:  # beyond, no kernel can take it: row_schedule() says why
-            self.row_schedule()
+        """The row schedule, the transpose and its schedule (for a backward pass), and the row-balance bools the
+        ops read (for the transpose: one small host sync here rather than inside a traced region)."""
+        for lay in (self, self.transpose()):
+            if lay.n_kblocks <= MAX_SCHEDULE_KBLOCKS:  # beyond, no kernel can take it: row_schedule() says why
+                lay.row_schedule()
+            if lay.device.type != "meta":  # no values to count on meta
+                lay.balanced_rows()
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable (cannot set {name!r}); build a new layout instead")
@@ -466,15 +428,48 @@ class BsrBase:
         grid[h, r, c] = k.to(torch.int8)
         return grid
 
-    def transpose(self) -> "BlockSparseCSC":
-        """CSC view (col_ptr, row_idx, block_kind) listing the same (row, col, kind) triples. Cached."""
-        got = self._cache.get("csc")
+    def transpose(self):
+        """The same layout over the other axis, as the same type: rows are key blocks, ``seq_q``/``seq_k`` and
+        ``block_m``/``block_n`` swapped, and row ``c`` lists the query blocks that list key block ``c`` here
+        (ascending), with their kinds. Cached both ways: ``x.transpose().transpose() is x``.
+
+        The element rule swaps too: with ``q' = q + seq_k - seq_q`` the rule keeps ``q' - wl <= k <= q' + wr``, i.e.
+        ``k' - wr <= q <= k' + wl`` with ``k' = k + seq_q - seq_k``, so ``window_left' = window_right`` and
+        ``window_right' = window_left``, exactly. RULE bits are kept (the same elements are cut); BOUNDS is
+        recomputed for the new last column (the query end, when ``seq_q % block_m != 0``). Computed on the
+        layout's device with no host sync (the per-head block counts are already known on the host), so the
+        heaviest-key-columns-first ``row_schedule()`` of the result serves a backward pass or a GEMM with the same
+        scheduler and cursor as the forward pass."""
+        got = self._cache.get("transpose")
         if got is None:
-            h, r, c, k = self._coo()
-            ptr, idx, kinds = compress(self.num_heads, self.n_kblocks, self.n_qblocks, h, c, r, k, presorted=False)
-            got = BlockSparseCSC(ptr, idx, kinds, self)
-            self._cache["csc"] = got
+            got = self._make_transpose()
+            self._cache["transpose"] = got
         return got
+
+    def _make_transpose(self):
+        rp, ci, bk = self._row_ptr.long(), self._col_idx, self._block_kind
+        hl, m = ci.shape
+        nq, nk = self.n_qblocks, self.n_kblocks
+        dev = ci.device
+        pos = torch.arange(m, device=dev).expand(hl, m).contiguous()
+        valid = pos < rp[:, -1:]                                  # the first nnz_h positions of each head
+        rows = torch.searchsorted(rp, pos, right=True) - 1        # block row of every listed entry
+        # Entries are stored row-major with ascending columns; a stable sort on the column alone gives
+        # column-major order with ascending rows within a column. Padding sorts last (key nk), so the first nnz_h
+        # positions of each head stay the listed ones.
+        key = torch.where(valid, ci.long(), nk)
+        sorted_key, order = torch.sort(key, dim=1, stable=True)
+        new_idx = torch.where(valid, torch.gather(rows, 1, order), 0).to(torch.int32)
+        kind = torch.gather(bk, 1, order) & RULE                  # BOUNDS belonged to the old last column
+        if self._seq_q % self._block_m:
+            kind = kind | (new_idx == nq - 1).to(torch.uint8) * BOUNDS
+        new_kind = torch.where(valid, kind, 0).to(torch.uint8)
+        # new row_ptr[h, c] = entries with column < c: a search in the sorted keys (no atomics, deterministic)
+        cols = torch.arange(nk + 1, device=dev).expand(hl, nk + 1).contiguous()
+        new_ptr = torch.searchsorted(sorted_key, cols).to(torch.int32)
+        sizes = (self._seq_k, self._seq_q, self._block_n, self._block_m)
+        return type(self)._trusted(new_ptr, new_idx, new_kind, sizes, self._window_right, self._window_left,
+                                   check=False, nnz_per_head=self._nnz_per_head, cache={"transpose": self})
 
     def _repeat_heads(self, num_heads: int):
         n = as_int("num_heads", num_heads, 1)

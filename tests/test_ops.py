@@ -6,7 +6,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import blackwell_sparsek as bsk
 from blackwell_sparsek.errors import InputError
-from blackwell_sparsek.ops import _attn_fwd_impl, _check_op_call, _direct_call_ok, _meta, default_config
+from blackwell_sparsek.ops import default_config
+from blackwell_sparsek.ops.attention import _attn_fwd_impl, _check_op_call, _direct_call_ok, _meta
 
 
 class _Sub(torch.Tensor):

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import blackwell_sparsek as bsk
-import blackwell_sparsek.ops as ops
+import blackwell_sparsek.ops.attention as ops
+from blackwell_sparsek.ops import dispatch
 from blackwell_sparsek import _trusted
 from blackwell_sparsek.families.attn_fwd import Schedule
 from blackwell_sparsek.errors import BskError, InputError
@@ -76,7 +77,7 @@ def test_gpu_refuses_what_the_cpu_refuses_before_any_build(monkeypatch):
     def no_build(*a, **kw):
         raise AssertionError("a refused call must not build or load a kernel")
     monkeypatch.setattr(ops, "_kernel_for", no_build)
-    monkeypatch.setattr(ops, "_kernel_available", no_build)
+    monkeypatch.setattr(dispatch, "kernel_available", no_build)
     for what, call in calls.items():
         cpu = _error_of(lambda: call(*_qkv(1, 2, 256, 256, 64, device="cpu")))
         gpu = _error_of(lambda: call(*_qkv(1, 2, 256, 256, 64)))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import blackwell_sparsek as bsk
-import blackwell_sparsek.ops as ops
+import blackwell_sparsek.ops.attention as ops
 from blackwell_sparsek.families.attn_fwd import Schedule
 from blackwell_sparsek.jit.spec import DType
 from blackwell_sparsek.errors import InputError, InvalidConfigError, LayoutError
@@ -201,7 +201,7 @@ def test_strides_past_int32_are_a_typed_error_before_launch():
     with pytest.raises(InputError, match=r"q has stride 2147483648 along its batch dim.*2\^31 - 1"):
         bsk.sparse_attention(q, q, q, lay)
     ok = torch.empty(1, 8, 1 << 20, 128, dtype=torch.bfloat16, device="meta")
-    from blackwell_sparsek._checks import check_launch_limits
+    from blackwell_sparsek.ops._checks import check_launch_limits
     check_launch_limits(ok, ok, ok)
     # q fits, but a non-dense q gets a contiguous O, whose batch stride does not
     wide = torch.empty(1, 1, 1 << 20, 128, dtype=torch.bfloat16, device="meta").expand(1, 16, 1 << 20, 128)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import blackwell_sparsek as bsk
-import blackwell_sparsek.ops as ops
+import blackwell_sparsek.ops.attention as ops
 from blackwell_sparsek import _trusted
 from blackwell_sparsek.errors import InputError, InvalidConfigError, LayoutError
 

@@ -12,11 +12,11 @@ import numbers
 
 import torch
 
-from .families.attn_fwd import AttentionConfig
-from .jit.spec import DType
-from .errors import InputError, LayoutError
-from . import layout as _layout
-from .layout import BlockSparseLayout
+from ..families.attn_fwd import AttentionConfig
+from ..jit.spec import DType
+from ..errors import InputError, LayoutError
+from .. import layout as _layout
+from ..layout import BlockSparseLayout
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}

@@ -9,157 +9,43 @@ op). Argument checks live in ``_checks``.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from functools import lru_cache
 
 import torch
 
-from . import _trusted
-from ._checks import (DTYPES as _DTYPES, as_dtype, check_causal, check_fallback_size, check_head_dim,
-                      check_index_values, check_inputs, check_launch_limits, check_layout_arg, check_op_args,
-                      check_pointers, check_scale, check_strides)
-from .families.attn_fwd import AttentionConfig, Schedule
-from .jit.spec import DType, KernelConfig
-from .errors import InputError, InvalidConfigError, LayoutError, ToolchainError
-
-# Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
-_DEFAULT_STAGES = {64: 8, 128: 5, 256: 4}
-# The schedule sparse_attention picks, from same-run measurements on an H200 (docs/perf_notes.md,
-# bench/results/): persistent ping-pong CTAs win at head_dim 64 and 128 when rows cost about the same (dense,
-# top-k, sliding windows); one CTA per tile in heaviest-first order (cooperative) wins when rows differ a lot
-# (causal) and at head_dim 256; layouts with 64-row blocks need the single-warpgroup kernel.
-def _default_schedule(head_dim: int, balanced_rows: bool, block_m: int = 128) -> Schedule:
-    if block_m % 128:
-        return Schedule.SINGLE
-    return Schedule.PINGPONG if head_dim <= 128 and balanced_rows else Schedule.COOPERATIVE
-
-
-# -- config choice ------------------------------------------------------------------------------------------
-
-def default_config(head_dim: int, dtype: torch.dtype | DType | str, layout=None, schedule: Schedule | None = None
-                   ) -> AttentionConfig:
-    """The config sparse_attention uses when none is given: a named config if one matches, else a derived one.
-    head_dim must be 64, 128 or 256 (InputError otherwise, before anything is built)."""
-    check_head_dim(head_dim)
-    dt = as_dtype(dtype)
-    if layout is not None:
-        check_layout_arg(layout)
-    if schedule is not None and not isinstance(schedule, Schedule):
-        schedule = _as_schedule(schedule)
-    if layout is None:
-        return _config_for(head_dim, dt, 128, 128, True, schedule)
-    return _config_for(head_dim, dt, layout.block_m, layout.block_n, layout.balanced_rows(), schedule)
-
-
-def _config_for(head_dim: int, dt: DType, bm: int, bn: int, balanced_rows: bool, schedule: Schedule | None
-                ) -> AttentionConfig:
-    if schedule is None:
-        schedule = _default_schedule(head_dim, balanced_rows, bm)
-    return _derived_config(head_dim, dt, bm, bn, schedule)
-
-
-def _as_schedule(schedule) -> Schedule:
-    for s in Schedule:
-        if isinstance(schedule, str) and schedule.lower() in (s.value, s.name.lower()):
-            return s
-    raise InvalidConfigError(f"schedule must be one of {[s.value for s in Schedule]} (or a Schedule), "
-                             f"got {schedule!r}")
-
-
-@lru_cache(maxsize=None)
-def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedule) -> AttentionConfig:
-    from .jit.spec import load_named_configs
-    for cfg in load_named_configs().values():
-        if (isinstance(cfg, AttentionConfig) and cfg.head_dim == head_dim and cfg.dtype is dt and cfg.block_m == bm
-                and cfg.block_n == bn and cfg.schedule is schedule):
-            return cfg
-    single = schedule is Schedule.SINGLE
-    # one 64-row warpgroup per CTA, 2-3 CTAs per SM: 128-key tiles fit the shared memory only at head_dim 64
-    tile_n = 128 if bn % 128 == 0 and head_dim <= (64 if single else 128) else 64
-    cfg = AttentionConfig(head_dim=head_dim, dtype=dt, schedule=schedule, tile_m=schedule.tile_m,
-                          tile_n=tile_n, stages=4 if single else _DEFAULT_STAGES.get(head_dim, 2),
-                          block_m=bm, block_n=bn)
-    if cfg.problems():
-        near = cfg.nearest_valid()
-        if near is None or (near.block_m, near.block_n) != (bm, bn):
-            raise InvalidConfigError(
-                f"no sm90a attention kernel serves {bm}x{bn} layout blocks at head_dim {head_dim}: block_m must be "
-                f"a multiple of 64 (128 for the two-warpgroup kernels) and block_n a multiple of 64; build the "
-                f"layout with block_m=128, block_n=128 (reasons: {'; '.join(cfg.problems())})")
-        cfg = near
-    return cfg
-
-
-@lru_cache(maxsize=None)
-def _validated(config: AttentionConfig) -> AttentionConfig:
-    return config.validate()
-
-
-@lru_cache(maxsize=None)
-def _json(config: AttentionConfig) -> str:
-    return config.to_json()
-
-
-def _resolve_config(config, head_dim: int, dtype: torch.dtype, layout) -> AttentionConfig:
-    """The config for these inputs (already checked) and layout (or its geometry under tracing), checked against
-    them: a named config, a Schedule, an AttentionConfig or None (the default)."""
-    if isinstance(config, str):
-        from .jit.spec import get_config
-        config = get_config(config)
-    if config is None or isinstance(config, Schedule):
-        return _config_for(head_dim, _DTYPES[dtype], layout.block_m, layout.block_n, layout.balanced_rows(), config)
-    if not isinstance(config, AttentionConfig):
-        raise InvalidConfigError(f"config must be an AttentionConfig, a named config or a Schedule, "
-                                 f"not {type(config).__name__}")
-    _validated(config)
-    want = _DTYPES[dtype]
-    if config.head_dim != head_dim or config.dtype is not want:
-        raise InvalidConfigError(
-            f"config {config.kernel_name} is for head_dim={config.head_dim}, dtype={config.dtype.value}; the inputs "
-            f"have head_dim={head_dim}, dtype={want.value}: pass config=None or a matching config")
-    if (config.block_m, config.block_n) != (layout.block_m, layout.block_n):
-        raise InvalidConfigError(
-            f"config {config.kernel_name} serves {config.block_m}x{config.block_n} blocks but the layout has "
-            f"{layout.block_m}x{layout.block_n}: use dataclasses.replace(config, block_m={layout.block_m}, "
-            f"block_n={layout.block_n}) or config=None")
-    return config
-
+from .. import _env, _trusted
+from ..errors import InputError, InvalidConfigError, LayoutError
+from ..families.attn_fwd import AttentionConfig, Schedule, launch_args
+from ..jit.spec import KernelConfig
+from . import dispatch
+from ._checks import (check_causal, check_fallback_size, check_index_values, check_inputs, check_launch_limits,
+                      check_layout_arg, check_op_args, check_pointers, check_scale, check_strides)
+from .dispatch import config_from_json, default_config, json_of  # noqa: F401 - default_config is public
 
 # -- the custom op ------------------------------------------------------------------------------------------
-
-@lru_cache(maxsize=None)
-def _config_from_json(text: str) -> KernelConfig:
-    return KernelConfig.from_json(text)
-
 
 @lru_cache(maxsize=None)
 def _op_config(config_json: str) -> AttentionConfig:
     """The validated attention config a raw op call names (cached per JSON text)."""
     try:
-        cfg = _config_from_json(config_json)
+        cfg = config_from_json(config_json)
     except (TypeError, ValueError, AttributeError) as e:  # not JSON of a config object (InvalidConfigError too)
         raise InvalidConfigError(f"config_json must be an AttentionConfig's to_json(), got {config_json!r} "
                                  f"({e})") from None
     if not isinstance(cfg, AttentionConfig):
         raise InvalidConfigError(f"config_json is a {cfg.family} config; the attn_fwd op takes an AttentionConfig")
-    return _validated(cfg)
+    return dispatch.validated(cfg)
 
 
 @lru_cache(maxsize=None)
-def _kernel_for(config_json: str):
-    from .jit.kernels import build
-    return build(_config_from_json(config_json))
-
-
-@lru_cache(maxsize=None)
-def _sm_count(device_index: int | None) -> int:
-    from .jit.runtime import device_info
-    return device_info(device_index if device_index is not None else torch.cuda.current_device()).sm_count
+def _kernel_for(config_text: str):
+    from ..jit.kernels import build
+    return build(config_from_json(config_text))
 
 
 def _poison() -> bool:
-    return os.environ.get("BSK_POISON", "") not in ("", "0")
+    return _env.flag("BSK_POISON")
 
 
 def _check_op_call(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json) -> AttentionConfig:
@@ -210,21 +96,9 @@ def _launch(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json) -
         o.fill_(float("nan"))
         lse.fill_(float("nan"))
     dev = q.device.index
-    qs, ks, vs, os_, ls = q.stride(), k.stride(), v.stride(), o.stride(), lse.stride()
-    args = kernel.Args(
-        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr(),
-        col_idx=col_idx.data_ptr(), block_kind=block_kind.data_ptr(), row_sched=row_sched.data_ptr(),
-        batch=B, heads=H, heads_kv=k.shape[1], seq_q=Sq, seq_k=k.shape[2], head_dim=D,
-        q_stride_b=qs[0], q_stride_h=qs[1], q_stride_s=qs[2],
-        k_stride_b=ks[0], k_stride_h=ks[1], k_stride_s=ks[2],
-        v_stride_b=vs[0], v_stride_h=vs[1], v_stride_s=vs[2],
-        o_stride_b=os_[0], o_stride_h=os_[1], o_stride_s=os_[2],
-        lse_stride_b=ls[0], lse_stride_h=ls[1],
-        layout_heads=row_sched.shape[0], n_qblocks=row_sched.shape[1], n_kblocks=meta[2],
-        col_stride=col_idx.stride(0),
-        window_left=meta[0], window_right=meta[1],
-        scale=scale, sm_count=_sm_count(dev), rank_major=meta[3],
-    )
+    dispatch.check_device(config_json, dev)
+    args = kernel.Args(**launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta, scale,
+                                     dispatch.sm_count(dev)))
     # on q's device and torch's current stream there (the raw handle of torch.cuda.current_stream(dev))
     if dev == torch.cuda.current_device():
         kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
@@ -289,7 +163,7 @@ def _attn_fwd_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_p
     """The reference fallback as an op (what a torch.compile'd sparse_attention runs on CPU tensors): the layout
     (row_ptr, col_idx, block_kind, geom = [block_m, block_n, window_left, window_right]) is rebuilt and
     validated, then the float64 reference runs. Same outputs as attn_fwd."""
-    from .layout import BlockSparseLayout
+    from ..layout import BlockSparseLayout
     layout = BlockSparseLayout(row_ptr, col_idx, block_kind, seq_q=q.shape[2], seq_k=k.shape[2], block_m=geom[0],
                                block_n=geom[1], window_left=geom[2], window_right=geom[3])
     _fallback_warning("the inputs are not on a CUDA device")
@@ -318,7 +192,7 @@ def _fallback(q, k, v, layout, scale) -> tuple[torch.Tensor, torch.Tensor]:
     """The float64 reference, O returned in q's dtype and memory layout (torch.empty_like(q), as the kernel).
     Without autograd, like the kernel op (which has no backward): in place, within check_fallback_size's bytes."""
     check_fallback_size(q, k, layout)
-    from .reference import attention_reference
+    from ..reference import attention_reference
     with torch.no_grad():
         o_ref, lse = attention_reference(q, k, v, layout, scale=scale)
     o = torch.empty_like(q)
@@ -358,7 +232,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
     if compiling:
         # Traced by dynamo: no file system, no caches with side effects, nothing computed here and kept on the
         # layout. The config is a trace-time constant (validated like the eager path's).
-        cfg_json = _config_json_traced(config, D, q.dtype, layout.block_m, layout.block_n, layout.balanced_rows())
+        cfg_json = dispatch.config_json_traced(config, D, q.dtype, layout.block_m, layout.block_n,
+                                               layout.row_spread())
         if q.device.type != "cuda":  # the eager path's fallback, as an op the graph can hold
             o, lse = _attn_fwd_reference(q, k, v, layout.row_ptr, layout.col_idx, layout.block_kind,
                                          [layout.block_m, layout.block_n, layout.window_left, layout.window_right],
@@ -411,52 +286,16 @@ def _eager_plan(layout, config, head_dim: int, dtype: torch.dtype, device: torch
     key = ("plan", config, head_dim, dtype, device) if config is None or isinstance(config, (str, Schedule)) else None
     got = layout._cache.get(key) if key is not None else None
     if got is None:
-        cfg = _resolve_config(config, head_dim, dtype, layout)
+        cfg = dispatch.resolve_config(config, head_dim, dtype, layout)
         if device.type != "cuda":
-            got = (_json(cfg), None)
-        elif config is None and not _kernel_available(cfg):
-            return _json(cfg), None
+            got = (json_of(cfg), None)
+        elif config is None and not dispatch.kernel_available(cfg):
+            return json_of(cfg), None
         else:
-            got = (_json(cfg), layout.to(device))
+            got = (json_of(cfg), layout.to(device))
         if key is not None:
             layout._cache[key] = got
     return got
-
-
-def _config_json_traced(config, head_dim, dtype, block_m, block_n, balanced_rows) -> str:
-    """The kernel config as JSON while dynamo traces. A bad config raises the eager path's InvalidConfigError from
-    traced code (an exception escaping an assume_constant_result function would surface as an internal dynamo
-    error instead)."""
-    cfg_json, error = _config_json_const(config, head_dim, dtype, block_m, block_n, balanced_rows)
-    if error:
-        raise InvalidConfigError(error)
-    return cfg_json
-
-
-@torch.compiler.assume_constant_result
-def _config_json_const(config, head_dim, dtype, block_m, block_n, balanced_rows) -> tuple[str, str]:
-    """(config JSON, "") or ("", the InvalidConfigError's message), computed once at trace time from plain values
-    (a torch.compile constant)."""
-    class _Geom:  # just what _resolve_config reads of a layout
-        pass
-    g = _Geom()
-    g.block_m, g.block_n = block_m, block_n
-    g.balanced_rows = lambda: balanced_rows
-    try:
-        return _json(_resolve_config(config, head_dim, dtype, g)), ""
-    except InvalidConfigError as e:
-        return "", str(e)
-
-
-@lru_cache(maxsize=None)
-def _kernel_available(cfg: AttentionConfig) -> bool:
-    """True when the kernel is cached or can be compiled here (so a missing nvcc can fall back)."""
-    from .jit.kernels import build
-    try:
-        build(cfg)
-    except ToolchainError:
-        return False
-    return True
 
 
 def precompile(*configs, dtype: torch.dtype | str | None = None, head_dim: int | None = None, layout=None):
@@ -467,8 +306,8 @@ def precompile(*configs, dtype: torch.dtype | str | None = None, head_dim: int |
     optionally ``layout=``, to build the config ``sparse_attention`` would pick. Everything is checked before
     anything is compiled.
     """
-    from .jit.kernels import build
-    from .jit.spec import resolve_config
+    from ..jit.kernels import build
+    from ..jit.spec import resolve_config
     todo = []
     for c in configs:
         if isinstance(c, (str, dict)):

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..jit.spec import Arch, DType, KernelConfig, enum_from, register
+from ..jit.spec import Arch, DType, KernelConfig, register
 from ..errors import InvalidConfigError
 
 class Schedule(enum.Enum):
@@ -74,8 +74,7 @@ class AttentionConfig(KernelConfig):
     )
 
     def __post_init__(self) -> None:
-        for name, cls in (("dtype", DType), ("schedule", Schedule), ("arch", Arch)):
-            object.__setattr__(self, name, enum_from(cls, getattr(self, name)))
+        super().__post_init__()
         if self.tile_m is None:
             # tile_m follows from the schedule (64 rows for 'single', else 128); only a tile_m the user gives
             # can disagree with it, and validate() then names the fix.

@@ -124,6 +124,12 @@ class KernelConfig:
     # (include/ and tools/util/include of the CUTLASS tree) and "cutlass_ex88" (example 88's directory).
     includes: ClassVar[tuple[str, ...]] = ("cutlass",)
 
+    def __post_init__(self) -> None:
+        """Enum fields (those whose default is an enum member) accept the member, its name or its value."""
+        for f in dataclasses.fields(self):
+            if isinstance(f.default, enum.Enum):
+                object.__setattr__(self, f.name, enum_from(type(f.default), getattr(self, f.name)))
+
     # -- canonical form -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"family": self.family}

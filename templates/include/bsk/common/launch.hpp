@@ -4,15 +4,34 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 
 #include <cuda_runtime.h>
 
 namespace bsk {
 
-// Launcher return codes beyond cudaError_t's range: invalid arguments caught before any CUDA call.
-enum : int { kErrBadHeadDim = 10001, kErrStrideRange = 10002, kErrBadShape = 10003 };
+// Launcher return codes beyond cudaError_t's range: invalid arguments caught before any CUDA call. A bad TMA
+// descriptor would not fail here (CUTLASS reports cuTensorMapEncodeTiled errors only through assert, compiled out
+// under NDEBUG) but at run time, as a sticky fault that ends the CUDA context; hence every limit is checked first.
+enum : int {
+  kErrBadHeadDim = 10001,   // head_dim is not the one this kernel was compiled for
+  kErrStrideRange = 10002,  // a Q/K/V/O stride is negative, not a multiple of 16 bytes or >= 2^40 bytes (TMA),
+                            // or an LSE stride is negative or over 2^31 - 1
+  kErrBadShape = 10003,     // a size is not positive, heads % heads_kv != 0, the layout does not cover seq_q or
+                            // has neither 1 nor `heads` heads, or positions / tile ids would overflow int32
+  kErrMisaligned = 10004,   // a Q/K/V/O base address or the row schedule is not 16-byte aligned
+};
 
-inline bool fits_int(long long v) { return v >= 0 && v <= 0x7fffffffLL; }
+constexpr long long kIntMax = 0x7fffffffLL;
+inline bool fits_int(long long v) { return v >= 0 && v <= kIntMax; }
+
+// A stride TMA can encode (cuTensorMapEncodeTiled): in bytes, a multiple of 16 and below 2^40.
+constexpr long long kTmaStrideLimit = 1LL << 40;
+inline bool tma_stride_ok(long long elems, long long elem_bytes) {
+  return elems >= 0 && elems < kTmaStrideLimit / elem_bytes && (elems * elem_bytes) % 16 == 0;
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // (batch, head)s per group of the heaviest-first tile order (BsrTileScheduler::make): the largest divisor of
 // batch * heads whose K/V (bytes per (batch, head): kv_bytes) fits in half of L2.

@@ -51,23 +51,36 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
 
   if (a.head_dim != Traits::kHeadDim) return kErrBadHeadDim;
   if (a.batch <= 0 || a.heads <= 0 || a.heads_kv <= 0 || a.heads % a.heads_kv != 0 || a.seq_q <= 0 ||
-      a.seq_k <= 0 || a.n_qblocks * Traits::kBlockM < a.seq_q || a.n_qblocks <= 0)
+      a.seq_k <= 0 || a.n_qblocks <= 0 || (long long)a.n_qblocks * Traits::kBlockM < a.seq_q ||
+      (a.layout_heads != 1 && a.layout_heads != a.heads))
     return kErrBadShape;
-  long long strides[] = {a.q_stride_b, a.q_stride_h, a.q_stride_s, a.k_stride_b, a.k_stride_h, a.k_stride_s,
-                         a.v_stride_b, a.v_stride_h, a.v_stride_s, a.o_stride_b, a.o_stride_h, a.o_stride_s,
-                         a.lse_stride_b, a.lse_stride_h};
-  for (long long s : strides)
-    if (!fits_int(s)) return kErrStrideRange;
+  // The device keeps query tile ids and positions in int32: tiles of all (batch, head)s, and the element rule's
+  // offsets (within seq_q + seq_k of a tile's first key, padded rows of the last query block included).
+  if ((long long)a.n_qblocks * (Traits::kBlockM / Traits::kTileM) * a.heads * a.batch > kIntMax ||
+      (long long)a.seq_q + a.seq_k + Traits::kBlockM > kIntMax)
+    return kErrBadShape;
+  long long qkvo_strides[] = {a.q_stride_b, a.q_stride_h, a.q_stride_s, a.k_stride_b, a.k_stride_h,
+                              a.k_stride_s, a.v_stride_b, a.v_stride_h, a.v_stride_s, a.o_stride_b,
+                              a.o_stride_h, a.o_stride_s};
+  for (long long s : qkvo_strides)
+    if (!tma_stride_ok(s, sizeof(Element))) return kErrStrideRange;
+  if (!fits_int(a.lse_stride_b) || !fits_int(a.lse_stride_h)) return kErrStrideRange;
+  if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.o) || !aligned16(a.row_sched))
+    return kErrMisaligned;
 
   ProblemShape ps{a.batch, a.heads, a.seq_q, a.seq_k, a.head_dim};
-  StrideQKV dQ{int(a.q_stride_s), _1{}, make_tuple(int(a.q_stride_b), int(a.q_stride_h))};
-  StrideQKV dK{int(a.k_stride_s), _1{}, make_tuple(int(a.k_stride_b), int(a.k_stride_h))};
-  StrideQKV dV{int(a.v_stride_s), _1{}, make_tuple(int(a.v_stride_b), int(a.v_stride_h))};
-  StrideQKV dO{int(a.o_stride_s), _1{}, make_tuple(int(a.o_stride_b), int(a.o_stride_h))};
-  cute::tuple<_1, cute::tuple<int, int>> dLSE{_1{}, make_tuple(int(a.lse_stride_b), int(a.lse_stride_h))};
+  StrideQKV dQ{a.q_stride_s, _1{}, make_tuple(int64_t(a.q_stride_b), int64_t(a.q_stride_h))};
+  StrideQKV dK{a.k_stride_s, _1{}, make_tuple(int64_t(a.k_stride_b), int64_t(a.k_stride_h))};
+  StrideQKV dV{a.v_stride_s, _1{}, make_tuple(int64_t(a.v_stride_b), int64_t(a.v_stride_h))};
+  StrideQKV dO{a.o_stride_s, _1{}, make_tuple(int64_t(a.o_stride_b), int64_t(a.o_stride_h))};
+  StrideLSE dLSE{_1{}, make_tuple(int(a.lse_stride_b), int(a.lse_stride_h))};
 
+  // A window wider than the sequences is unbounded; clamping it keeps the kernel's int32 mask arithmetic
+  // (query position minus window_left, plus window_right) from overflowing for windows near 2^31.
+  int window_left = a.window_left < 0 ? -1 : std::min(a.window_left, a.seq_k);
+  int window_right = a.window_right < 0 ? -1 : std::min(a.window_right, a.seq_q);
   BsrParams bsr{a.col_idx, a.block_kind, a.layout_heads, a.col_stride,
-                a.heads_kv, a.heads / a.heads_kv, a.window_left, a.window_right};
+                a.heads_kv, a.heads / a.heads_kv, window_left, window_right};
 
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);

@@ -28,8 +28,13 @@ namespace fmha_k = cutlass::fmha::kernel;
 // the epilogue's per-warpgroup syncs (two ids), the softmax turns of the two MMA warpgroups (two ids).
 enum : uint32_t { kBarEpilogue = 0, kBarSoftmaxTurn = 2 };
 
-// Q K D (B H): sequence stride, unit head-dim stride, (batch, head) strides.
-using StrideQKV = cute::tuple<int, _1, cute::tuple<int, int>>;
+// Q K V O, (S D (B H)): sequence stride, unit head-dim stride, (batch, head) strides, in elements. 64-bit: a
+// (1, 16, 1M, 128) tensor's batch stride is 2^31. Only the host reads them (into TMA descriptors, which take
+// 64-bit byte strides); the device addresses Q/K/V/O by TMA coordinates, so its code does not depend on them.
+using StrideQKV = cute::tuple<int64_t, _1, cute::tuple<int64_t, int64_t>>;
+// LSE (B, H, Sq) float, (batch, head) strides: 32-bit, read on the device. The op allocates LSE contiguous, so
+// they reach 2^31 only once H * Sq does, when Q alone would take 2^31 * head_dim * 2 bytes (>= 256 GiB).
+using StrideLSE = cute::tuple<_1, cute::tuple<int, int>>;
 using ProblemShape = cute::tuple<int, int, int, int, int>;  // B, H, Sq, Sk, D
 
 }  // namespace bsk

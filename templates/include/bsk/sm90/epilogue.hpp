@@ -30,12 +30,12 @@ struct BsrEpilogue {
     Element* ptr_O;
     StrideQKV dO;
     float* ptr_LSE;
-    cute::tuple<_1, cute::tuple<int, int>> dLSE;
+    StrideLSE dLSE;
   };
   struct Params {
     TmaStoreO tma_store_o;
     float* ptr_LSE;
-    cute::tuple<_1, cute::tuple<int, int>> dLSE;
+    StrideLSE dLSE;
   };
 
   static Params to_underlying_arguments(ProblemShape const& ps, Arguments const& args, void* = nullptr) {

@@ -8,12 +8,31 @@
 
 namespace bsk {
 
+// A CUTLASS collective MMA with other gmem stride types, everything else equal. Example 88's single-warpgroup
+// mainloop fixes its strides to int; only the host reads them (into TMA descriptors, whose types do not depend on
+// the stride type), so the descriptors are built through a copy of its collectives with 64-bit strides.
+template <class Mma, class StrideA, class StrideB>
+struct WithStrides;
+template <class Policy, class Tile, class EA, class SA0, class EB, class SB0, class TiledMma, class GA, class LA,
+          class CA, class TA, class GB, class LB, class CB, class TB, class StrideA, class StrideB>
+struct WithStrides<cutlass::gemm::collective::CollectiveMma<Policy, Tile, EA, SA0, EB, SB0, TiledMma, GA, LA, CA, TA,
+                                                            GB, LB, CB, TB>,
+                   StrideA, StrideB> {
+  using type = cutlass::gemm::collective::CollectiveMma<Policy, Tile, EA, StrideA, EB, StrideB, TiledMma, GA, LA, CA,
+                                                        TA, GB, LB, CB, TB>;
+};
+
 template <class Base, int TileM, int BlockM>
 struct BsrCommon {
   using Element = typename Base::Element;
-  using CollectiveMmaQK = typename Base::CollectiveMmaQK;
-  using CollectiveMmaPV = typename Base::CollectiveMmaPV;
+  using CollectiveMmaQK = typename WithStrides<typename Base::CollectiveMmaQK, StrideQKV, StrideQKV>::type;
+  using CollectiveMmaPV =
+      typename WithStrides<typename Base::CollectiveMmaPV, StrideQKV, decltype(select<1, 0, 2>(StrideQKV{}))>::type;
   using TiledMmaQK = typename Base::TiledMmaQK;
+  static_assert(std::is_same_v<typename CollectiveMmaQK::Params::TMA_A, typename Base::TMA_Q> &&
+                    std::is_same_v<typename CollectiveMmaQK::Params::TMA_B, typename Base::TMA_K> &&
+                    std::is_same_v<typename CollectiveMmaPV::Params::TMA_B, typename Base::TMA_V>,
+                "the kernel's TMA types must not depend on the gmem stride type");
 
   struct Arguments {
     const Element* ptr_Q; StrideQKV dQ;

@@ -158,3 +158,19 @@ def test_generic_machinery_never_imports_a_family():
     for p in jit.glob("*.py"):
         text = p.read_text()
         assert not re.search(r"^\s*(from|import) [.\w]*families", text, re.M), p.name
+
+
+def test_attn_fwd_launch_args_fix_size1_strides():
+    """A size-1 dim may carry any stride in torch (1 after an unsqueeze); TMA needs 16-byte multiples, so
+    launch_args passes the tensor's span there, and leaves every other stride as it is."""
+    from blackwell_sparsek.families import attn_fwd
+    from blackwell_sparsek.layout import BlockSparseLayout
+    lay = BlockSparseLayout.dense(256)
+    q = torch.zeros(256, 2, 64, dtype=torch.float16).unsqueeze(0).transpose(1, 2)  # (B, S, H, D) storage, B = 1
+    odd = torch.zeros(1, 2, 256, 64, dtype=torch.float16)
+    odd = odd.as_strided(odd.shape, (1, 256 * 64, 64, 1))  # the size-1 batch dim with stride 1
+    o, lse = torch.empty_like(q), torch.empty(1, 2, 256)
+    a = attn_fwd.launch_args(odd, q, q, o, lse, lay.col_idx, lay.block_kind, lay.row_schedule(), [-1, -1, 2, 0],
+                             0.1, 132)
+    assert a["q_stride_b"] == 2 * 256 * 64 and a["q_stride_h"] == 256 * 64 and a["q_stride_s"] == 64
+    assert a["k_stride_h"] == 64 and a["k_stride_s"] == 128  # a (B, S, H, D) view keeps its strides

@@ -193,20 +193,24 @@ def test_fallback_refuses_big_inputs_before_allocating(monkeypatch):
     assert "to_element_mask" not in str(ei.value)
 
 
-# -- item 27: strides past the launcher's int32 range ---------------------------------------------------------
+# -- item 27: tensors past 2^31 elements launch; what TMA and the 32-bit sizes cannot take is refused -----------
 
-def test_strides_past_int32_are_a_typed_error_before_launch():
-    lay = L.sliding_window(1 << 20, window=2048)
-    q = torch.empty(1, 16, 1 << 20, 128, dtype=torch.bfloat16, device="meta")  # strides without memory
-    with pytest.raises(InputError, match=r"q has stride 2147483648 along its batch dim.*2\^31 - 1"):
-        bsk.sparse_attention(q, q, q, lay)
-    ok = torch.empty(1, 8, 1 << 20, 128, dtype=torch.bfloat16, device="meta")
+def test_launch_limits_are_the_launchers():
     from blackwell_sparsek.ops._checks import check_launch_limits
-    check_launch_limits(ok, ok, ok)
-    # q fits, but a non-dense q gets a contiguous O, whose batch stride does not
-    wide = torch.empty(1, 1, 1 << 20, 128, dtype=torch.bfloat16, device="meta").expand(1, 16, 1 << 20, 128)
-    with pytest.raises(InputError, match="O has stride"):
-        check_launch_limits(wide, ok, ok)
+    for h in (16, 32):  # (1, h, 1M, 128) bf16: 2^31 and 2^32 elements, now within the launcher's range
+        big = torch.empty(1, h, 1 << 20, 128, dtype=torch.bfloat16, device="meta")  # strides without memory
+        check_launch_limits(big, big, big)
+    # a view whose batch stride is 2^40 bytes (the heads of a huge buffer), though it holds little itself
+    wide = torch.empty_strided((2, 1, 1024, 128), (1 << 39, 1024 * 128, 128, 1), dtype=torch.bfloat16,
+                               device="meta")
+    with pytest.raises(InputError, match=r"q has stride .* batch dim.*2\^40 bytes"):
+        check_launch_limits(wide, wide, wide)
+    tall = torch.empty(1, 1 << 12, 1 << 19, 64, dtype=torch.bfloat16, device="meta")  # H * Sq = 2^31
+    with pytest.raises(InputError, match="32-bit int"):
+        check_launch_limits(tall, tall, tall)
+    lay = L.sliding_window(1 << 19, window=2048)
+    with pytest.raises(InputError, match="32-bit int"):
+        bsk.sparse_attention(tall, tall, tall, lay)
 
 
 # -- item 14: precompile's and default_config's dtype, precompile's other arguments ---------------------------

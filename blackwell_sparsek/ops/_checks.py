@@ -170,24 +170,27 @@ def check_pointers(q, k, v) -> None:
 _DIM_NAMES = ("batch", "heads", "seq")
 
 
+TMA_STRIDE_LIMIT = 1 << 40  # bytes: a TMA descriptor's strides (cuTensorMapEncodeTiled)
+
+
 def check_launch_limits(q, k, v) -> None:
-    """The launcher takes every stride of q, k, v, O and LSE as a 32-bit int (it returns kErrStrideRange past
-    that). The one place this limit lives: relax it here when the launcher takes 64-bit strides."""
+    """What the launcher takes: q, k, v and O strides below 2^40 bytes (TMA descriptors; O is q-shaped, with
+    contiguous strides when q is not dense), LSE strides (H * Sq, Sq) and every size in 32-bit ints, and
+    seq_q + seq_k well inside them (the kernel's query/key positions). The one place these limits live."""
     B, H, Sq, D = q.shape
-    # O is torch.empty_like(q): q's strides, or contiguous ones (batch stride H*Sq*D, the largest) when q is not
-    # dense; LSE is contiguous (B, H, Sq).
-    qs, ks, vs = q.stride(), k.stride(), v.stride()
-    if max(qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], H * Sq * D) <= INT32_MAX:
-        return
+    Hkv, Sk = k.shape[1], k.shape[2]
+    e = q.element_size()
+    if max(B, H, Hkv, Sq, Sk, H * Sq) > INT32_MAX or Sq + Sk > INT32_MAX - 4096:
+        raise InputError(f"sizes B={B}, H={H}, Hkv={Hkv}, Sq={Sq}, Sk={Sk}: the kernel takes each (and H * Sq, "
+                         f"the LSE's batch stride) as a 32-bit int, and Sq + Sk below 2^31 - 4096; split the call "
+                         f"over heads or batch entries")
     for name, st in (("q", q.stride()), ("k", k.stride()), ("v", v.stride()), ("O", (H * Sq * D, Sq * D, D))):
         for d in range(3):
-            if st[d] > INT32_MAX:
+            if st[d] * e >= TMA_STRIDE_LIMIT:
                 raise InputError(
-                    f"{name} has stride {st[d]} along its {_DIM_NAMES[d]} dim, over the kernel's limit of 2^31 - 1 "
-                    f"elements (its launcher takes 32-bit strides): one batch entry of q, k, v and O must hold "
-                    f"fewer than 2^31 elements. Run fewer heads per call (e.g. loop over "
-                    f"torch.split(q, n, dim=1) chunks made .contiguous(), with the matching k/v heads) or shorter "
-                    f"sequences")
+                    f"{name} has stride {st[d]} along its {_DIM_NAMES[d]} dim ({st[d] * e} bytes), at or over the "
+                    f"2^40 bytes a TMA descriptor can stride; split the call over batch entries or heads "
+                    f"(torch.split(q, n, dim=1), with the matching k/v heads)")
 
 
 def check_fallback_size(q: torch.Tensor, k: torch.Tensor, layout) -> None:

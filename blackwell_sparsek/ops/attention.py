@@ -261,7 +261,11 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
 
 
 def _meta(lay) -> list[int]:
-    return [lay.window_left, lay.window_right, lay.n_kblocks, int(not lay.uniform_rows())]
+    """[window_left, window_right, n_kblocks, rank_major] of a layout for the op. A window wider than both
+    sequences keeps every key, as the clamp to seq_q + seq_k does, and then fits the kernel's 32-bit ints."""
+    reach = lay.seq_q + lay.seq_k
+    wl, wr = (w if w < 0 else min(w, reach) for w in (lay.window_left, lay.window_right))
+    return [wl, wr, lay.n_kblocks, int(not lay.uniform_rows())]
 
 
 def _built_row_schedule(layout, causal: bool) -> torch.Tensor:

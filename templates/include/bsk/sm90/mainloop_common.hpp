@@ -149,6 +149,15 @@ struct BsrCommon {
     }
   }
 
+  // Example 88's softmax tail reports +inf for a row whose sum is 0 (no visible key) and for one whose sum is
+  // NaN (a visible +inf or NaN logit); the epilogue turns +inf into our empty-row LSE, -inf. A NaN row must stay
+  // NaN, as in SDPA, not read as empty: after tail() the state's sum is the row's full sum.
+  template <class Lse, class State>
+  CUTLASS_DEVICE static void nan_lse_where_sum_is_nan(Lse& lse, State const& state) {
+    auto const& row_sum = get<1>(state);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(lse); ++i) lse(i) = row_sum(i) != row_sum(i) ? NAN : lse(i);
+  }
 };
 
 }  // namespace bsk

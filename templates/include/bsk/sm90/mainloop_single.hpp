@@ -189,7 +189,9 @@ struct BsrMainloopSingle
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_pv);
 
-    return make_tuple(acc_pv, softmax.tail(softmax_state, acc_pv, tiled_mma_pv));
+    auto lse = softmax.tail(softmax_state, acc_pv, tiled_mma_pv);
+    Common::nan_lse_where_sum_is_nan(lse, softmax_state);
+    return make_tuple(acc_pv, lse);
   }
 };
 

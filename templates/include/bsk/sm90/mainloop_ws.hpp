@@ -284,6 +284,7 @@ struct BsrMainloop
     if constexpr (kIsPersistent) pipeline.consumer_release(read_v);  // V of the last tile
 
     auto lse = softmax.tail(softmax_state, acc_pv, tiled_mma_pv);
+    Common::nan_lse_where_sum_is_nan(lse, softmax_state);
     return make_tuple(acc_pv, lse);
   }
 };

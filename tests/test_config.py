@@ -160,7 +160,7 @@ def test_unservable_layout_blocks_raise_instead_of_running_a_wrong_kernel():
         assert cfg.problems() == []
 
 
-def test_default_schedule_follows_row_spread():
+def test_default_schedule_follows_row_stats():
     """The rule fitted to the schedule sweep (bench/results/<gpu>/schedules.json): per mask family and head dim,
     the schedule that was faster (or within 3 % of it) in the same run."""
     import torch
@@ -169,13 +169,15 @@ def test_default_schedule_follows_row_spread():
     from blackwell_sparsek.ops import default_config
     P, C = Schedule.PINGPONG, Schedule.COOPERATIVE
     want = {  # mask: (D=64, D=128)
-        "dense": (P, P), "causal": (C, C), "topk25-shared": (P, P), "topk25-per-head": (P, P),
+        "dense": (C, P), "causal": (C, C), "topk25-shared": (P, P), "topk25-per-head": (P, P),
         "window2K": (P, C), "documents": (P, C), "bigbird": (C, C),
     }
     for name, lay in masks(8192, 16).items():
         for d, w in zip((64, 128), want[name]):
-            assert default_config(d, torch.float16, lay).schedule is w, (name, d, lay.row_spread())
+            assert default_config(d, torch.float16, lay).schedule is w, (name, d, lay.row_stats())
         assert default_config(256, torch.float16, lay).schedule is C
+    # short dense rows at D=64 (16 blocks) stay ping-pong, like top-k rows of that length
+    assert default_config(64, torch.float16, L.dense(2048)).schedule is P
     # long rows among a few short ones (a 2K window at 32K: 16 of 256 rows shorter) stay ping-pong at D=128
     assert default_config(128, torch.float16, L.sliding_window(32768, window=2048)).schedule is P
 

@@ -233,7 +233,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
         # Traced by dynamo: no file system, no caches with side effects, nothing computed here and kept on the
         # layout. The config is a trace-time constant (validated like the eager path's).
         cfg_json = dispatch.config_json_traced(config, D, q.dtype, layout.block_m, layout.block_n,
-                                               layout.row_spread())
+                                               layout.row_stats())
         if q.device.type != "cuda":  # the eager path's fallback, as an op the graph can hold
             o, lse = _attn_fwd_reference(q, k, v, layout.row_ptr, layout.col_idx, layout.block_kind,
                                          [layout.block_m, layout.block_n, layout.window_left, layout.window_right],

@@ -14,25 +14,30 @@ from ._checks import DTYPES as _DTYPES, as_dtype, check_head_dim, check_layout_a
 
 # Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
 _DEFAULT_STAGES = {64: 8, 128: 5, 256: 4}
-# Row-length spread (layout.row_spread(): coefficient of variation, fraction of rows shorter than the longest)
-# above which one CTA per tile in heaviest-first order (cooperative: the hardware hands tiles to free SMs) beats
-# persistent ping-pong CTAs (a static round-robin of the same order). Fitted to same-run measurements over seven
-# mask families at D=64 and 128 (python -m blackwell_sparsek.bench.schedules, bench/results/): causal rows
-# (cv 0.57) and global rows among short ones (BigBird) go cooperative at both head dims; at D=128, where the
-# ping-pong overlap gains less, so do layouts with many short rows (windows at short lengths, documents).
+# When one CTA per tile in heaviest-first order (cooperative: the hardware hands tiles to free SMs) beats
+# persistent ping-pong CTAs (a static round-robin of the same order), from layout.row_stats() = (mean blocks per
+# row, coefficient of variation, fraction of rows shorter than the longest). Fitted to same-run measurements of
+# both schedules over seven mask families at D=64 and 128 on H100s (python -m blackwell_sparsek.bench.schedules,
+# bench/results/h100/schedules.json): rows whose lengths spread widely (causal: cv 0.57; BigBird's global rows)
+# go cooperative at both head dims; at D=128, where ping-pong's overlap gains less, so do layouts with many
+# short rows (a 2K window at 8K tokens, documents); at D=64 so do long uniform rows (dense at 8K: +2-3 % in
+# three runs). Elsewhere ping-pong (top-k, windows at long lengths) by 3-12 %.
 SPREAD_CV = 0.45
 SHORT_ROWS_D128 = 0.10
+LONG_ROWS_D64 = 48
 
 
-def default_schedule(head_dim: int, block_m: int, spread: tuple[float, float]) -> Schedule:
+def default_schedule(head_dim: int, block_m: int, stats: tuple[float, float, float]) -> Schedule:
     """The schedule sparse_attention picks: the single-warpgroup kernel for 64-row blocks, cooperative at head_dim
-    256 and for layouts whose row lengths spread (see SPREAD_CV), ping-pong otherwise."""
+    256 and where the rows' statistics say so (above), ping-pong otherwise."""
     if block_m % 128:
         return Schedule.SINGLE
-    cv, short = spread
-    if head_dim > 128 or cv > SPREAD_CV or (head_dim >= 128 and short > SHORT_ROWS_D128):
+    mean, cv, short = stats
+    if head_dim > 128 or cv > SPREAD_CV:
         return Schedule.COOPERATIVE
-    return Schedule.PINGPONG
+    if head_dim >= 128:
+        return Schedule.COOPERATIVE if short > SHORT_ROWS_D128 else Schedule.PINGPONG
+    return Schedule.COOPERATIVE if mean >= LONG_ROWS_D64 and short == 0 else Schedule.PINGPONG
 
 
 # -- config choice ------------------------------------------------------------------------------------------
@@ -48,14 +53,15 @@ def default_config(head_dim: int, dtype: torch.dtype | DType | str, layout=None,
     if schedule is not None and not isinstance(schedule, Schedule):
         schedule = _as_schedule(schedule)
     if layout is None:
-        return _config_for(head_dim, dt, 128, 128, (0.0, 0.0), schedule)
-    return _config_for(head_dim, dt, layout.block_m, layout.block_n, layout.row_spread(), schedule)
+        return _config_for(head_dim, dt, 128, 128, (0.0, 0.0, 0.0), schedule)
+    return _config_for(head_dim, dt, layout.block_m, layout.block_n, layout.row_stats(), schedule)
 
 
-def _config_for(head_dim: int, dt: DType, bm: int, bn: int, spread: tuple[float, float], schedule: Schedule | None
+def _config_for(head_dim: int, dt: DType, bm: int, bn: int, stats: tuple[float, float, float],
+                schedule: Schedule | None
                 ) -> AttentionConfig:
     if schedule is None:
-        schedule = default_schedule(head_dim, bm, spread)
+        schedule = default_schedule(head_dim, bm, stats)
     return _derived_config(head_dim, dt, bm, bn, schedule)
 
 
@@ -108,7 +114,7 @@ def resolve_config(config, head_dim: int, dtype: torch.dtype, layout) -> Attenti
         from ..jit.spec import get_config
         config = get_config(config)
     if config is None or isinstance(config, Schedule):
-        return _config_for(head_dim, _DTYPES[dtype], layout.block_m, layout.block_n, layout.row_spread(), config)
+        return _config_for(head_dim, _DTYPES[dtype], layout.block_m, layout.block_n, layout.row_stats(), config)
     if not isinstance(config, AttentionConfig):
         raise InvalidConfigError(f"config must be an AttentionConfig, a named config or a Schedule, "
                                  f"not {type(config).__name__}")
@@ -145,25 +151,25 @@ def check_device(config_text: str, device_index: int) -> None:
     _check(config_from_json(config_text), device_index)
 
 
-def config_json_traced(config, head_dim, dtype, block_m, block_n, spread) -> str:
+def config_json_traced(config, head_dim, dtype, block_m, block_n, stats) -> str:
     """The kernel config as JSON while dynamo traces. A bad config raises the eager path's InvalidConfigError from
     traced code (an exception escaping an assume_constant_result function would surface as an internal dynamo
     error instead)."""
-    cfg_json, error = _config_json_const(config, head_dim, dtype, block_m, block_n, spread)
+    cfg_json, error = _config_json_const(config, head_dim, dtype, block_m, block_n, stats)
     if error:
         raise InvalidConfigError(error)
     return cfg_json
 
 
 @torch.compiler.assume_constant_result
-def _config_json_const(config, head_dim, dtype, block_m, block_n, spread) -> tuple[str, str]:
+def _config_json_const(config, head_dim, dtype, block_m, block_n, stats) -> tuple[str, str]:
     """(config JSON, "") or ("", the InvalidConfigError's message), computed once at trace time from plain values
     (a torch.compile constant)."""
     class _Geom:  # just what _resolve_config reads of a layout
         pass
     g = _Geom()
     g.block_m, g.block_n = block_m, block_n
-    g.row_spread = lambda: spread
+    g.row_stats = lambda: stats
     try:
         return json_of(resolve_config(config, head_dim, dtype, g)), ""
     except InvalidConfigError as e:

@@ -207,8 +207,9 @@ class KernelConfig:
 
 
 # -- the family registry ----------------------------------------------------------------------------------------
-# Families register themselves (families/<name>.py, @register); the registry package is imported on first lookup,
-# so this generic module never names a family's module. A config given without "family" is DEFAULT_FAMILY's.
+# Families register themselves (families/<name>.py, @register). The package's __init__ imports the families
+# package, which imports every family, so the registry is complete whenever any module of the package is in use;
+# this generic module never imports a family. A config given without "family" is DEFAULT_FAMILY's.
 FAMILIES: dict[str, type[KernelConfig]] = {}
 DEFAULT_FAMILY = "attn_fwd"
 
@@ -222,9 +223,7 @@ def register(cls: type[KernelConfig]) -> type[KernelConfig]:
 
 
 def families() -> dict[str, type[KernelConfig]]:
-    """Every registered family (imports the registry package, blackwell_sparsek.families, once)."""
-    import importlib
-    importlib.import_module("blackwell_sparsek.families")
+    """Every registered family, by name."""
     return FAMILIES
 
 

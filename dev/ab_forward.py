@@ -1,10 +1,11 @@
-"""Same-run A/B of the forward kernels of two source trees (e.g. main before and after a change), in alternating
-processes (two builds of one kernel name cannot share a process), do_bench medians, effective TFLOPS.
+"""Same-run A/B of the forward kernels of several source trees (e.g. main before and after a change), in
+alternating processes (two builds of one kernel name cannot share a process), do_bench medians, effective TFLOPS.
 
-    python dev/ab_forward.py OLD_TREE NEW_TREE [--rounds 3]      # each tree with its own BSK_CACHE_DIR=<tree>/.bskcache
+    python dev/ab_forward.py TREE[=CACHE] TREE[=CACHE] ... [--rounds 3]
 
-A child (``--child``) imports the package of the tree it runs in and prints one JSON line of timings; the parent
-alternates old, new, old, new, ... and prints the median per case and the ratio new / old.
+Each tree runs with its own kernel cache (CACHE, default <tree>/.bskcache). A child (``--child``) imports the
+package of the tree it runs in and prints one JSON line of timings; the parent alternates the trees round by round
+and prints the median per case and each tree's ratio to the first.
 """
 import argparse
 import json
@@ -46,26 +47,32 @@ def child() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("trees", nargs=2)
+    ap.add_argument("trees", nargs="+")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    runs = {t: [] for t in a.trees}
+    caches = {}
+    for spec in a.trees:
+        tree, _, cache = spec.partition("=")
+        caches[tree] = os.path.abspath(cache or os.path.join(tree, ".bskcache"))
+    trees = list(caches)
+    runs = {t: [] for t in trees}
     for r in range(a.rounds):
-        for t in a.trees:
+        for t in trees:
             env = dict(os.environ, PYTHONPATH=f"{os.environ.get('SITE', '/tmp/site')}:{os.path.abspath(t)}",
-                       BSK_CACHE_DIR=os.path.join(os.path.abspath(t), ".bskcache"))
+                       BSK_CACHE_DIR=caches[t])
             p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], cwd=t, env=env,
                                capture_output=True, text=True)
             if p.returncode:
                 sys.exit(f"{t} failed:\n{p.stderr[-3000:]}")
             runs[t].append(json.loads(p.stdout.strip().splitlines()[-1]))
             print(f"round {r} {t}: " + " ".join(f"{k}={v:.0f}" for k, v in runs[t][-1].items()), flush=True)
-    old, new = a.trees
-    print(f"| case | {old} | {new} | new / old |\n|---|---|---|---|")
+    first = trees[0]
+    print("| case | " + " | ".join(trees) + " | " + " | ".join(f"{t} / {first}" for t in trees[1:]) + " |")
+    print("|---" * (2 * len(trees)) + "|")
     for name, *_ in CASES:
-        mo = statistics.median(x[name] for x in runs[old])
-        mn = statistics.median(x[name] for x in runs[new])
-        print(f"| {name} | {mo:.0f} | {mn:.0f} | {mn / mo:.3f} |")
+        med = [statistics.median(x[name] for x in runs[t]) for t in trees]
+        print(f"| {name} | " + " | ".join(f"{m:.0f}" for m in med) + " | "
+              + " | ".join(f"{m / med[0]:.3f}" for m in med[1:]) + " |")
 
 
 if __name__ == "__main__":

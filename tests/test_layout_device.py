@@ -187,3 +187,13 @@ def test_kernel_views_eager_on_cuda():
     assert torch.equal(t.row_schedule().cpu(), lay.transpose().row_schedule())
     c = d.with_causal()  # built on the device: views built with it
     assert "row_schedule" in c._cache and torch.equal(c.row_schedule().cpu(), lay.with_causal().row_schedule())
+
+
+def test_row_facts_are_built_with_the_layout():
+    """What the ops read of a layout under torch.compile (uniform_rows, row_stats) must exist before tracing: a
+    lazily computed one is a data-dependent .item() inside the traced region (a hard error with fullgraph)."""
+    base = bsk.BlockSparseLayout.causal(1000, 1200, 128, 128, num_heads=2)
+    for lay in (base, base.with_causal(), base.transpose(), bsk.BlockSparseLayout.dense(300).with_causal(),
+                bsk.BlockSparseLayout.random_topk(700, 2, seed=1)):
+        assert {"uniform_rows", "row_stats"} <= set(lay._cache), lay
+    assert bsk.BlockSparseLayout.dense(512).uniform_rows() and not base.uniform_rows()

@@ -94,7 +94,6 @@ class BsrBase:
 
     def _set_nnz(self) -> None:
         object.__setattr__(self, "_nnz_per_head", [int(x) for x in self._row_ptr[:, -1].tolist()])
-        self.row_stats()  # small syncs while constructing, so later calls (and torch.compile) read numbers
 
     @classmethod
     def _trusted(cls, row_ptr, col_idx, block_kind, sizes: tuple[int, int, int, int], wl: int, wr: int, *,
@@ -118,6 +117,8 @@ class BsrBase:
         make them intermediates of the traced region (overwritten by a later replay) instead of inputs."""
         object.__setattr__(self, "_frozen", True)
         _mark_checked(self._row_ptr, self._col_idx, self._block_kind)
+        if self.device.type != "meta" and "row_stats" not in self._cache:
+            self._row_facts()  # one small sync now, so later calls (and traced code) read numbers
         if self.device.type in _EAGER_VIEW_DEVICES:
             self._build_kernel_views()
 
@@ -354,33 +355,33 @@ class BsrBase:
         return self._row_ptr[:, 1:] - self._row_ptr[:, :-1]
 
     def uniform_rows(self) -> bool:
-        """True when every query-block row (of every head) lists the same number of blocks. Cached.
-        The kernel's scheduler keeps a head's rows together when rows are equal (K/V reuse in L2) and orders
-        tiles heaviest-first across heads when they are not (load balance)."""
-        got = self._cache.get("uniform_rows")
-        if got is None:
-            c = self.row_counts()
-            got = bool((c.amin() == c.amax()).item()) if c.numel() else True
-            self._cache["uniform_rows"] = got
-        return got
+        """True when every query-block row (of every head) lists the same number of blocks. Cached with
+        row_stats(). The kernel's scheduler keeps a head's rows together when rows are equal (K/V reuse in L2)
+        and orders tiles heaviest-first across heads when they are not (load balance)."""
+        if "uniform_rows" not in self._cache:
+            self._row_facts()
+        return self._cache["uniform_rows"]
 
     def row_stats(self) -> tuple[float, float, float]:
         """(mean, cv, short) of the rows' block counts over every layout head: the mean, the coefficient of
         variation (std / mean) and the fraction of rows shorter than the longest, rounded to 1e-4. Cached;
         computed with the layout (one small host sync there), so the ops and traced code only read numbers.
         sparse_attention's default schedule keys on it (ops/dispatch.py)."""
-        got = self._cache.get("row_stats")
-        if got is None:
-            c = self.row_counts().double()
-            if c.numel() == 0:
-                got = (0.0, 0.0, 0.0)
-            else:
-                mean = c.mean()
-                cv = (c.std(unbiased=False) / mean) if bool(mean > 0) else c.new_tensor(0.0)
-                short = (c < c.amax()).double().mean()
-                got = tuple(round(float(x), 4) for x in torch.stack([mean, cv, short]).tolist())
-            self._cache["row_stats"] = got
-        return got
+        if "row_stats" not in self._cache:
+            self._row_facts()
+        return self._cache["row_stats"]
+
+    def _row_facts(self) -> None:
+        """uniform_rows() and row_stats() from one reduction and one host sync."""
+        c = self.row_counts().double()
+        if c.numel() == 0:
+            self._cache["uniform_rows"], self._cache["row_stats"] = True, (0.0, 0.0, 0.0)
+            return
+        mean, top = c.mean(), c.amax()
+        cv = torch.where(mean > 0, c.std(unbiased=False) / mean.clamp(min=1e-30), torch.zeros_like(mean))
+        mean_, cv_, short_, low = torch.stack([mean, cv, (c < top).double().mean(), c.amin() - top]).tolist()
+        self._cache["uniform_rows"] = low == 0
+        self._cache["row_stats"] = tuple(round(x, 4) for x in (mean_, cv_, short_))
 
     def row_order(self) -> torch.Tensor:
         """int32 [Hl, nq]: query-block rows by descending block count (stable: ties keep row order). Cached.

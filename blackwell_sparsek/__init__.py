@@ -9,42 +9,56 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from .config import (  # noqa: E402
-    Arch,
-    AttentionConfig,
-    DType,
-    KernelConfig,
-    Schedule,
-    get_config,
-    load_named_configs,
-)
 from .errors import (  # noqa: E402
     BskError,
+    CacheError,
     CudaError,
+    EnvError,
     InputError,
     InvalidConfigError,
     JitDisabledError,
     KernelCompileError,
     LayoutError,
     ToolchainError,
+    UnsafeCacheError,
+)
+from .families.attn_fwd import AttentionConfig, Schedule  # noqa: E402
+from .jit.spec import (  # noqa: E402
+    Arch,
+    ConfigTypeError,
+    DType,
+    KernelConfig,
+    get_config,
+    load_named_configs,
+    resolve_config,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     from os import PathLike
+    from typing import Mapping
 
-    from .runtime import CompiledKernel
+    from .jit.runtime import CompiledKernel
+
+    ConfigSpec = KernelConfig | str | PathLike[str] | Mapping[str, Any]
 
 
-def generate(config: KernelConfig, out_path: str | PathLike[str]) -> Any:
-    """Validate ``config``, render its CUDA source and write it to ``out_path``; returns the path."""
-    from .codegen import generate as _generate
+def generate(config: ConfigSpec, out_path: str | PathLike[str]) -> Any:
+    """Validate ``config``, render its CUDA source and write it to ``out_path``; returns the path written.
+
+    ``config`` is a config object, a dict of fields, inline JSON, a .json path or a named config (as on the command
+    line); ``out_path`` a file path, or a directory that gets ``<kernel_name>.cu``."""
+    from .jit.codegen import generate as _generate
     return _generate(config, out_path)
 
 
-def build(config: KernelConfig) -> CompiledKernel:
-    """Compile ``config`` (or take it from the on-disk cache) and load it; returns a ``CompiledKernel``."""
-    from .cache import build as _build
-    return _build(config)
+def build(config: ConfigSpec) -> CompiledKernel:
+    """Compile ``config`` (or take it from the on-disk cache) and load it; returns a ``CompiledKernel``.
+
+    ``config`` is a config object, a dict of fields, inline JSON, a .json path or a named config (as on the command
+    line); anything else raises a ``TypeError`` (``ConfigTypeError``) saying what is accepted."""
+    from .jit.kernels import build as _build
+    from .jit.spec import resolve_config
+    return _build(resolve_config(config))
 
 
 # Written by other modules of the package; imported on first use so `import blackwell_sparsek` stays cheap.
@@ -52,10 +66,10 @@ _LAZY = {
     "BlockSparseLayout": ".layout",
     "sparse_attention": ".ops",
     "precompile": ".ops",
-    "CompiledKernel": ".runtime",
-    "cache_ls": ".cache",
-    "cache_clear": ".cache",
-    "render": ".codegen",
+    "CompiledKernel": ".jit.runtime",
+    "cache_ls": ".jit.kernels",
+    "cache_clear": ".jit.kernels",
+    "render": ".jit.codegen",
 }
 
 
@@ -76,8 +90,9 @@ def __dir__() -> list[str]:
 __all__ = [
     "__version__",
     "AttentionConfig", "KernelConfig", "Schedule", "DType", "Arch", "get_config", "load_named_configs",
+    "resolve_config", "ConfigTypeError",
     "BskError", "InvalidConfigError", "LayoutError", "InputError", "ToolchainError", "KernelCompileError",
-    "CudaError", "JitDisabledError",
+    "CudaError", "JitDisabledError", "EnvError", "CacheError", "UnsafeCacheError",
     "generate", "build", "render", "CompiledKernel", "cache_ls", "cache_clear",
     "BlockSparseLayout", "sparse_attention", "precompile",
 ]

@@ -15,7 +15,8 @@ from functools import lru_cache
 
 import torch
 
-from .config import AttentionConfig, DType, KernelConfig, Schedule
+from .families.attn_fwd import AttentionConfig, Schedule
+from .jit.spec import DType, KernelConfig
 from .errors import InputError, InvalidConfigError, LayoutError, ToolchainError
 
 _DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
@@ -46,7 +47,7 @@ def default_config(head_dim: int, dtype: torch.dtype | DType, layout=None, sched
 
 @lru_cache(maxsize=None)
 def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedule) -> AttentionConfig:
-    from .config import load_named_configs
+    from .jit.spec import load_named_configs
     for cfg in load_named_configs().values():
         if (isinstance(cfg, AttentionConfig) and cfg.head_dim == head_dim and cfg.dtype is dt and cfg.block_m == bm
                 and cfg.block_n == bn and cfg.schedule is schedule):
@@ -82,7 +83,7 @@ def _resolve_config(config, head_dim: int, dtype: torch.dtype, layout) -> Attent
     if config is None:
         return default_config(head_dim, dtype, layout)
     if isinstance(config, str):
-        from .config import get_config
+        from .jit.spec import get_config
         config = get_config(config)
     if isinstance(config, Schedule):
         return default_config(head_dim, dtype, layout, schedule=config)
@@ -161,13 +162,13 @@ def _config_from_json(text: str) -> KernelConfig:
 
 @lru_cache(maxsize=None)
 def _kernel_for(config_json: str):
-    from .cache import build
+    from .jit.kernels import build
     return build(_config_from_json(config_json))
 
 
 @lru_cache(maxsize=None)
 def _sm_count(device_index: int | None) -> int:
-    from .runtime import device_info
+    from .jit.runtime import device_info
     return device_info(device_index if device_index is not None else torch.cuda.current_device()).sm_count
 
 
@@ -340,7 +341,7 @@ def _reference(q, k, v, layout, scale, return_lse):
 @lru_cache(maxsize=None)
 def _kernel_available(cfg: AttentionConfig) -> bool:
     """True when the kernel is cached or can be compiled here (so a missing nvcc can fall back)."""
-    from .cache import build
+    from .jit.kernels import build
     try:
         build(cfg)
     except ToolchainError:
@@ -354,8 +355,8 @@ def precompile(*configs, dtype: torch.dtype | None = None, head_dim: int | None 
     Pass configs (AttentionConfig or named config strings), or ``head_dim=``/``dtype=`` (and optionally
     ``layout=``) to build the config ``sparse_attention`` would pick.
     """
-    from .cache import build
-    from .config import get_config
+    from .jit.kernels import build
+    from .jit.spec import get_config
     todo = [get_config(c) if isinstance(c, str) else c for c in configs]
     if head_dim is not None or dtype is not None:
         if head_dim is None or dtype is None:

@@ -11,7 +11,8 @@ import sys
 import torch
 import blackwell_sparsek as bsk
 from blackwell_sparsek import cli
-from blackwell_sparsek.config import AttentionConfig, Schedule, load_named_configs
+from blackwell_sparsek.families.attn_fwd import AttentionConfig, Schedule
+from blackwell_sparsek.jit.spec import load_named_configs
 from blackwell_sparsek.ops import default_config
 
 L = bsk.BlockSparseLayout

@@ -6,14 +6,14 @@
     python examples/generate_kernel.py '{"family": "attn_fwd", "head_dim": 128, "stages": 3}' --out /tmp/k
 
 Needs nvcc and the CUTLASS headers (pip install nvidia-cutlass==4.2.0.0), not a GPU. The build goes to the kernel
-cache ($BSK_CACHE_DIR or ~/.cache/blackwell_sparsek); a second run is a cache hit. Exit 0 = built (or skipped
-because no toolchain is installed), 1 = the config or the compile failed.
+cache ($BSK_CACHE_DIR or ~/.cache/blackwell_sparsek; its entry keeps the kernel.cu it compiled); a second run is a
+cache hit. The .cu is written elsewhere only with --out. Exit 0 = built (or skipped because no toolchain is
+installed), 1 = the config, the output path or the compile failed.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,11 +22,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config", nargs="?", default="sm90_fwd_d128_fp16_coop_128x128",
                     help="named config, inline JSON or a .json file (default: %(default)s)")
-    ap.add_argument("--out", default=None, help="directory for the generated .cu (default: a temp dir)")
+    ap.add_argument("--out", default=None,
+                    help="directory for a copy of the generated .cu (default: none; the cache entry keeps one)")
     a = ap.parse_args()
 
     import blackwell_sparsek as bsk
-    from blackwell_sparsek.config import resolve_config
+    from blackwell_sparsek.jit.spec import resolve_config
     from blackwell_sparsek.errors import BskError, InvalidConfigError, KernelCompileError, ToolchainError
 
     try:
@@ -34,13 +35,19 @@ def main() -> int:
     except InvalidConfigError as e:
         print(f"FAIL: invalid config: {e}")
         return 1
-    out_dir = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bsk-generate-"))
-    cu = bsk.generate(cfg, out_dir / f"{cfg.kernel_name}.cu")
     print(f"config       : {cfg.to_json()}")
     print(f"kernel name  : {cfg.kernel_name}")
-    print(f"generated .cu: {cu} ({Path(cu).stat().st_size} bytes)")
+    try:
+        if a.out:
+            cu = bsk.generate(cfg, Path(a.out) / f"{cfg.kernel_name}.cu")
+            print(f"generated .cu: {cu} ({Path(cu).stat().st_size} bytes)")
+        else:
+            print(f"generated .cu: {len(bsk.render(cfg))} characters (--out DIR writes a copy)")
+    except BskError as e:
+        print(f"FAIL: {e}")
+        return 1
 
-    from blackwell_sparsek.cache import ensure_built
+    from blackwell_sparsek.jit.kernels import ensure_built
     t0 = time.monotonic()
     try:
         entry = ensure_built(cfg, progress=True)

@@ -68,8 +68,8 @@ class FakeNvcc:
 
 
 def _reset_process_state() -> None:
-    from blackwell_sparsek import cache, compiler
-    cache.clear_loaded()
+    from blackwell_sparsek.jit import compiler, kernels
+    kernels.clear_loaded()
     compiler.clear_memos()
 
 

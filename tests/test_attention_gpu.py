@@ -13,7 +13,8 @@ import torch
 import blackwell_sparsek as bsk
 import blackwell_sparsek.ops as ops
 from blackwell_sparsek.ops import default_config
-from blackwell_sparsek.config import AttentionConfig, Schedule, load_named_configs
+from blackwell_sparsek.families.attn_fwd import AttentionConfig, Schedule
+from blackwell_sparsek.jit.spec import load_named_configs
 from blackwell_sparsek.errors import InputError, LayoutError, InvalidConfigError
 from blackwell_sparsek.reference import attention_reference, relative_error
 

@@ -632,10 +632,8 @@ def test_compare88_plumbing_on_cpu(tmp_path, monkeypatch, capsys):
     assert "ours/ex88" in capsys.readouterr().out
 
 
-def test_profile_plumbing_with_fake_ncu(tmp_path, monkeypatch, capsys):
-    """profile.run end to end with a fake ncu that runs the launcher (on CPU) and serves captured raw CSV."""
-    pytest.importorskip("torch")
-    from blackwell_sparsek.bench import profile
+def _fake_ncu(tmp_path: Path) -> tuple[Path, Path]:
+    """A fake ncu that runs the launcher (on CPU) and serves captured raw CSV; returns (ncu, its call log)."""
     raw = tmp_path / "raw.csv"
     raw.write_text(NCU_RAW)
     calls = tmp_path / "calls"
@@ -654,6 +652,14 @@ done
 "$@" || exit 1
 touch "$exp.ncu-rep"
 ''')
+    return ncu, calls
+
+
+def test_profile_plumbing_with_fake_ncu(tmp_path, monkeypatch, capsys):
+    """profile.run end to end with a fake ncu that runs the launcher (on CPU) and serves captured raw CSV."""
+    pytest.importorskip("torch")
+    from blackwell_sparsek.bench import profile
+    ncu, calls = _fake_ncu(tmp_path)
     monkeypatch.setattr(profile, "find_ncu", lambda: str(ncu))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -727,3 +733,105 @@ def test_replot_from_json(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["full_tflops_vs_density.png",
                                                               "full_tflops_vs_seq_d128.png", "full_time_vs_nnz.png"]
     assert main(["bench", "--replot", str(tmp_path / "missing.json")]) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 24 item 20: nothing is written unless the user names where (never into the current directory)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_result_paths_default_to_none():
+    from blackwell_sparsek.bench import cli
+    assert cli._bench_parser().parse_args([]).out is None
+    assert cli._compare_parser().parse_args([]).json is None
+    assert cli._profile_parser().parse_args([]).out is None
+
+
+def _one_tiny_case(monkeypatch):
+    from blackwell_sparsek.bench import harness
+    monkeypatch.setattr(harness, "preset", lambda name, device="cuda": [
+        harness.Case(b=1, h=1, s=256, d=64, pattern="dense", device=device, groups=("seq",))])
+
+
+def test_bench_without_out_writes_nothing(clean_cwd, bsk_cache, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from blackwell_sparsek.bench.cli import main
+    _one_tiny_case(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rc = main(["bench", "--preset", "tiny", "--device", "cpu", "--peers", "ours", "--no-check", "--rep-ms", "1",
+                   "--warmup-ms", "0"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.out + cap.err
+    assert "wrote no files (pass --out DIR" in cap.out and "results printed only" in cap.err
+    # clean_cwd fails the test if anything appeared in the working directory
+
+
+def test_bench_out_is_checked_before_measuring(tmp_path, clean_cwd, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from blackwell_sparsek.bench import harness
+    from blackwell_sparsek.bench.cli import main
+    _one_tiny_case(monkeypatch)
+    monkeypatch.setattr(harness.Runner, "run", lambda self: pytest.fail("measured before checking --out"))
+    f = tmp_path / "file"
+    f.write_text("")
+    assert main(["bench", "--preset", "tiny", "--device", "cpu", "--out", str(f / "res")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot use --out") and "Traceback" not in err
+
+
+def test_compare88_cli_writes_json_only_when_asked(tmp_path, clean_cwd, bsk_cache, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from blackwell_sparsek.bench import cli, compare88
+    out = tmp_path / "out.txt"
+    out.write_text(SAMPLE_D128.replace("B 2 H 16 Q 8192 K 8192 D 128", "B 1 H 1 Q 256 K 256 D 128"))
+    monkeypatch.setenv("BSK_EX88_BIN", str(_script(tmp_path / "88_hopper_fmha", f"cat {out}\n")))
+    monkeypatch.setattr(cli, "_cuda_ok", lambda: True)
+    real_run = compare88.run
+    monkeypatch.setattr(compare88, "run", lambda *a, **kw: real_run(*a, **{**kw, "device": "cpu", "loop_n": 2,
+                                                                         "warmup_ms": 0.0}))
+    args = ["compare-88", "--shapes", "1x1x256x128", "--masks", "full", "--repeats", "1", "--rep-ms", "1"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert cli.main(args) == 0
+        assert "wrote" not in capsys.readouterr().out
+        target = tmp_path / "res" / "c88.json"
+        assert cli.main(args + ["--json", str(target)]) == 0
+    assert json.loads(target.read_text())["rows"][0]["mask"] == "full"
+    assert f"wrote {target}" in capsys.readouterr().out
+    assert cli.main(args + ["--json", str(tmp_path)]) == 2  # a directory is not a JSON file
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_profile_cli_without_out_writes_nothing(tmp_path, clean_cwd, bsk_cache, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from blackwell_sparsek.bench import cli, profile
+    ncu, _ = _fake_ncu(tmp_path)
+    monkeypatch.setattr(profile, "find_ncu", lambda: str(ncu))
+    real_run = profile.run
+    monkeypatch.setattr(profile, "run", lambda *a, **kw: real_run(*a, **{**kw, "device": "cpu"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rc = cli.main(["profile", "--shape", "1x1x256x64"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "wrote no files (pass --out DIR" in cap.out and "registers" in cap.out
+    assert not list(tmp_path.rglob("profile_*")) and not list(tmp_path.rglob("*.ncu-rep"))
+
+
+def test_generate_kernel_example_leaves_no_files(fake_nvcc, tmp_path, child_env):
+    import subprocess
+    repo = Path(__file__).resolve().parent.parent
+    work, tmp = tmp_path / "work", tmp_path / "tmpdir"
+    work.mkdir()
+    tmp.mkdir()
+    env = child_env(TMPDIR=str(tmp))
+    name = "sm90_fwd_d64_fp16_coop_128x128"
+    p = subprocess.run([sys.executable, str(repo / "examples" / "generate_kernel.py"), name], capture_output=True,
+                       text=True, cwd=work, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "built .so" in p.stdout and "--out DIR writes a copy" in p.stdout
+    assert list(work.iterdir()) == [] and list(tmp.iterdir()) == []  # it used to leave bsk-generate-* in TMPDIR
+    p = subprocess.run([sys.executable, str(repo / "examples" / "generate_kernel.py"), name, "--out",
+                        str(tmp_path / "cu")], capture_output=True, text=True, cwd=work, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert len(list((tmp_path / "cu").glob("bsk_*.cu"))) == 1 and list(work.iterdir()) == []

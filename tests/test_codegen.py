@@ -4,13 +4,15 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import jinja2
 import pytest
 
 import blackwell_sparsek
-from blackwell_sparsek import AttentionConfig, BskError, InvalidConfigError, codegen
-from blackwell_sparsek.config import get_config, load_named_configs
+from blackwell_sparsek import AttentionConfig, BskError, InvalidConfigError
+from blackwell_sparsek.jit import codegen
+from blackwell_sparsek.jit.spec import get_config, load_named_configs
 
 
 @pytest.mark.parametrize("name", sorted(load_named_configs()))
@@ -88,7 +90,7 @@ def test_generate_writes_only_the_given_path(tmp_path, clean_cwd):
 def test_import_is_cheap(child_env, tmp_path):
     code = ("import sys, blackwell_sparsek as b; "
             "heavy = [m for m in ('torch', 'jinja2', 'cuda', 'cuda.bindings', 'cutlass_library', 'filelock', "
-            "'subprocess', 'blackwell_sparsek.cache', 'blackwell_sparsek.compiler', 'blackwell_sparsek.runtime') "
+            "'subprocess', 'blackwell_sparsek.jit.kernels', 'blackwell_sparsek.jit.compiler', 'blackwell_sparsek.jit.runtime', 'blackwell_sparsek.jit.store') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=tmp_path, env=child_env())
@@ -102,3 +104,93 @@ def test_lazy_public_names():
     assert blackwell_sparsek.render is codegen.render
     with pytest.raises(AttributeError):
         blackwell_sparsek.not_a_thing  # noqa: B018
+
+
+# -- issue 24 item 8: output paths; item 13: configs given by name, dict or JSON ------------------------------
+
+NAMED = "sm90_fwd_d64_bf16_coop_128x128"
+
+
+def _leftovers(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name.endswith(".tmp"))
+
+
+def test_generate_into_a_directory(tmp_path, clean_cwd):
+    cfg = get_config(NAMED)
+    d = tmp_path / "existing"
+    d.mkdir()
+    out = blackwell_sparsek.generate(cfg, d)
+    assert out == d / f"{cfg.kernel_name}.cu" and out.read_text() == codegen.render(cfg)
+    assert [p.name for p in d.iterdir()] == [out.name]
+    new = blackwell_sparsek.generate(cfg, f"{tmp_path / 'new'}/")  # a trailing separator means a directory
+    assert new == tmp_path / "new" / f"{cfg.kernel_name}.cu" and new.is_file()
+    assert _leftovers(tmp_path) == []
+
+
+def test_generate_refuses_unwritable_targets_and_leaves_nothing(tmp_path, clean_cwd):
+    from blackwell_sparsek import InputError
+    cfg = get_config(NAMED)
+    f = tmp_path / "file"
+    f.write_text("mine")
+    for target in (f / "x.cu", f / "sub" / "x.cu"):
+        with pytest.raises(InputError, match=r"file is a file, not a directory; choose another output path"):
+            blackwell_sparsek.generate(cfg, target)
+    assert f.read_text() == "mine"
+    blocked = tmp_path / "d"
+    (blocked / f"{cfg.kernel_name}.cu").mkdir(parents=True)  # the file name is taken by a directory
+    with pytest.raises(InputError, match="cannot write"):
+        blackwell_sparsek.generate(cfg, blocked)
+    if Path("/proc/self").is_dir():  # procfs accepts no new files, even for root
+        with pytest.raises(InputError, match="cannot write /proc/x.cu"):
+            blackwell_sparsek.generate(cfg, "/proc/x.cu")
+    for bad in (None, 3, b"x.cu", ""):
+        with pytest.raises(InputError, match="output path"):
+            blackwell_sparsek.generate(cfg, bad)
+    assert _leftovers(tmp_path) == [] and sorted(p.name for p in blocked.iterdir()) == [f"{cfg.kernel_name}.cu"]
+
+
+@pytest.mark.parametrize("exc", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_generate_removes_its_temp_file_on_any_failure(tmp_path, monkeypatch, exc):
+    import os
+
+    def boom(*args, **kwargs):
+        raise exc
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(type(exc) if isinstance(exc, KeyboardInterrupt) else BskError):
+        blackwell_sparsek.generate(get_config(NAMED), tmp_path / "k.cu")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_keeps_the_umask_permissions(tmp_path):
+    import os
+    out = blackwell_sparsek.generate(get_config(NAMED), tmp_path / "k.cu")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_generate_and_render_take_names_dicts_and_json(tmp_path):
+    cfg = get_config(NAMED)
+    src = codegen.render(cfg)
+    assert blackwell_sparsek.generate(NAMED, tmp_path / "a.cu").read_text() == src
+    assert blackwell_sparsek.generate(cfg.to_dict(), tmp_path / "b.cu").read_text() == src
+    assert blackwell_sparsek.generate(cfg.to_json(), tmp_path / "c.cu").read_text() == src
+    assert blackwell_sparsek.render(NAMED) == src
+    with pytest.raises(TypeError, match="named config"):
+        blackwell_sparsek.generate(5, tmp_path / "d.cu")
+    with pytest.raises(InvalidConfigError, match="no named config"):
+        blackwell_sparsek.generate("sm90_nope", tmp_path / "d.cu")
+
+
+def test_build_takes_names_dicts_and_json(fake_nvcc, bsk_cache):
+    cfg = get_config(NAMED)
+    no_family = {k: v for k, v in cfg.to_dict().items() if k != "family"}
+    for spec in (NAMED, cfg.to_dict(), no_family, cfg.to_json()):
+        k = blackwell_sparsek.build(spec)
+        assert k.kernel_name == cfg.kernel_name
+    assert fake_nvcc.count() == 1
+    from blackwell_sparsek.jit.spec import ConfigTypeError
+    with pytest.raises(ConfigTypeError, match="a dict of config fields, inline JSON text"):
+        blackwell_sparsek.build(5)
+    assert fake_nvcc.count() == 1

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from blackwell_sparsek import CudaError, InputError, InvalidConfigError, ToolchainError, cache, compiler, runtime
-from blackwell_sparsek.config import Arch, AttentionConfig, get_config
+from blackwell_sparsek import CudaError, InputError, InvalidConfigError, ToolchainError
+from blackwell_sparsek.jit import kernels, compiler, runtime
+from blackwell_sparsek.families.attn_fwd import AttentionConfig
+from blackwell_sparsek.jit.spec import Arch, get_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,7 +78,7 @@ def test_cutlass_paths_and_version():
 
 
 def test_compile_command_includes(fake_nvcc):
-    cmd = compiler.compile_command(Arch.SM90A)
+    cmd = compiler.compile_command(AttentionConfig())
     assert cmd[0] == str(fake_nvcc.path)
     incs = [c[2:] for c in cmd if c.startswith("-I")]
     assert incs[0].endswith("templates/include")
@@ -106,7 +108,7 @@ def test_first_error_lines():
 
 def test_progress_line(fake_nvcc, monkeypatch, capsys):
     monkeypatch.setenv("BSK_VERBOSE", "1")
-    cache.ensure_built(AttentionConfig())
+    kernels.ensure_built(AttentionConfig())
     err = capsys.readouterr().err
     assert f"compiling {AttentionConfig().kernel_name} ..." in err
     assert f"compiled {AttentionConfig().kernel_name} in " in err
@@ -137,7 +139,7 @@ def test_args_struct_matches_abi():
 
 
 def test_launch_through_fake_kernel(fake_nvcc):
-    k = cache.build(AttentionConfig())
+    k = kernels.build(AttentionConfig())
     fields = {f: 0 for f, _ in AttentionConfig.abi}
     fields["q"] = 0x1234_5678_9A
     fields["scale"] = 0.125
@@ -160,7 +162,7 @@ def test_launch_through_fake_kernel(fake_nvcc):
 
 def test_pointer_fields_take_tensors(fake_nvcc):
     torch = pytest.importorskip("torch")
-    k = cache.build(AttentionConfig())
+    k = kernels.build(AttentionConfig())
     t = torch.zeros(4)
     fields = {f: 0 for f, _ in AttentionConfig.abi}
     fields["q"] = t
@@ -175,7 +177,7 @@ def test_cuda_error_names():
 
 
 def test_wrong_kernel_name_refused(fake_nvcc, tmp_path):
-    e = cache.ensure_built(AttentionConfig())
+    e = kernels.ensure_built(AttentionConfig())
     with pytest.raises(Exception, match="stale artifact"):
         runtime.CompiledKernel(e.so_path, get_config("sm90_fwd_d64_fp16_coop_128x128"))
 
@@ -261,11 +263,11 @@ def test_real_compile_pipeline_with_stub_header(bsk_cache, tmp_path, monkeypatch
     (inc / "bsk" / "attn_fwd.hpp").write_text(STUB_HEADER)
     monkeypatch.setattr(compiler, "include_dir", lambda: inc)
     cfg = get_config("sm90_fwd_d64_fp16_coop_128x128")
-    e = cache.ensure_built(cfg, progress=False)
+    e = kernels.ensure_built(cfg, progress=False)
     _assert_fresh_kernel_artifact(cfg, e)
     meta = json.loads((e.path / "meta.json").read_text())
     assert "-gencode=arch=compute_90a,code=sm_90a" in meta["flags"]
-    assert cache.ensure_built(cfg).built is False
+    assert kernels.ensure_built(cfg).built is False
 
 
 @pytest.mark.real_compile
@@ -277,7 +279,7 @@ def test_real_compile_sm90a_kernel(bsk_cache):
     if not header.is_file():
         pytest.skip(f"{header} is not written yet")
     cfg = get_config("sm90_fwd_d128_fp16_coop_128x128")
-    e = cache.ensure_built(cfg)  # raises KernelCompileError with the first nvcc errors on failure
+    e = kernels.ensure_built(cfg)  # raises KernelCompileError with the first nvcc errors on failure
     _assert_fresh_kernel_artifact(cfg, e)
     # No GNU-unique symbol of ours (a function-local static in a template or inline function): the dynamic loader
     # merges those across libraries even under RTLD_LOCAL, so two builds of one kernel name in a process would

@@ -7,14 +7,7 @@ import json
 import pytest
 
 from blackwell_sparsek import AttentionConfig, Arch, DType, InvalidConfigError, Schedule
-from blackwell_sparsek.config import (
-    KernelConfig,
-    config_names,
-    get_config,
-    load_config_file,
-    load_named_configs,
-    resolve_config,
-)
+from blackwell_sparsek.jit.spec import KernelConfig, config_names, get_config, load_config_file, load_named_configs, resolve_config
 
 REQUIRED_NAMES = {
     f"sm90_fwd_d{d}_{dt}_{s}_128x128"
@@ -42,9 +35,9 @@ def test_named_config_matches_its_name(name):
                             "single": Schedule.SINGLE}[sched]
     assert f"{cfg.tile_m}x{cfg.tile_n}" == tiles
     assert 2 <= cfg.stages <= 16  # tuned per head dim; the shared-memory budget below is the rule
-    from blackwell_sparsek.config import SM90_SMEM_OPTIN, SM90_SMEM_PER_SM
-    assert cfg.smem_bytes() <= SM90_SMEM_OPTIN
-    assert cfg.ctas_per_sm * (cfg.smem_bytes() + 1024) <= SM90_SMEM_PER_SM
+    facts = Arch.SM90A.facts
+    assert cfg.smem_bytes() <= facts.smem_optin
+    assert cfg.ctas_per_sm * (cfg.smem_bytes() + 1024) <= facts.smem_per_sm
 
 
 def test_named_config_names_are_unique_kernels():
@@ -176,3 +169,113 @@ def test_default_schedule_follows_row_balance():
         for d in (64, 128):
             assert default_config(d, torch.float16, lay).schedule is want
         assert default_config(256, torch.float16, lay).schedule is Schedule.COOPERATIVE
+
+
+# -- issue 24: every integer field bounded (item 12), tile_m from the schedule (item 23) ------------------------
+
+@pytest.mark.parametrize("field, value", [
+    (f, v) for f in ("head_dim", "tile_m", "tile_n", "stages", "block_m", "block_n")
+    for v in (0, -64, 100_000_000_000)
+] + [("block_m", 8192), ("block_n", 4096 + 128), ("block_m", 192), ("head_dim", 512), ("stages", 17)])
+def test_every_integer_field_is_bounded(field, value):
+    """Out-of-range integers are rejected before nvcc (block_n=1e11 used to pass and fail in nvcc), never with a
+    ZeroDivisionError (tile_m/tile_n 0), and the nearest valid config is still offered."""
+    cfg = AttentionConfig(**{field: value})
+    probs = cfg.problems()
+    assert probs and any(f"{field} {value}" in p for p in probs), probs
+    with pytest.raises(InvalidConfigError, match="nearest valid config") as ei:
+        resolve_config({field: value})
+    near = KernelConfig.from_json(str(ei.value).split("nearest valid config:", 1)[1].strip())
+    assert near.problems() == []
+    assert max(near.block_m, near.block_n) <= 4096
+
+
+def test_block_size_limits():
+    from blackwell_sparsek.families.attn_fwd import MAX_BLOCK
+    assert MAX_BLOCK == 4096
+    assert AttentionConfig(block_m=4096, block_n=4096).problems() == []
+    assert AttentionConfig(head_dim=64, schedule="single", block_m=64, block_n=128).problems() == []
+    # the nearest valid block rounds up to the kernel's own tile (64 rows for the single schedule)
+    near = AttentionConfig(head_dim=64, schedule="single", block_m=100, block_n=100).nearest_valid()
+    assert (near.block_m, near.block_n) == (128, 128) and near.problems() == []
+    near = AttentionConfig(block_m=10**12, block_n=-5).nearest_valid()
+    assert (near.block_m, near.block_n) == (4096, 128)
+
+
+def test_tile_m_follows_the_schedule():
+    single = AttentionConfig(head_dim=64, schedule="single")
+    assert single.tile_m == 64 and single.problems() == []
+    assert single == AttentionConfig(head_dim=64, schedule="single", tile_m=64)  # same identity, same kernel
+    assert AttentionConfig(schedule="pingpong").tile_m == 128 and AttentionConfig().tile_m == 128
+    assert resolve_config('{"schedule": "single", "head_dim": 64}') == single
+    assert resolve_config({"schedule": "single", "head_dim": 64}).kernel_name == single.kernel_name
+    assert get_config("sm90_fwd_d64_fp16_single_64x128").tile_m == 64
+    # an explicit tile_m that contradicts the schedule still errors, naming the fix
+    with pytest.raises(InvalidConfigError, match="set tile_m=64 or leave tile_m out") as ei:
+        resolve_config({"schedule": "single", "head_dim": 64, "tile_m": 128})
+    assert '"tile_m":64' in str(ei.value).split("nearest valid config:", 1)[1]
+
+
+# -- issue 24 item 9: config files; item 13: what resolve_config accepts ---------------------------------------
+
+def test_config_file_without_family_is_attention_forward(tmp_path):
+    f = tmp_path / "mine.json"
+    f.write_text('{"head_dim": 64, "stages": 6}')
+    assert resolve_config(str(f)) == AttentionConfig(head_dim=64, stages=6)  # like inline JSON and dicts
+    assert load_config_file(f) == AttentionConfig(head_dim=64, stages=6)
+    f.write_bytes(b"\xef\xbb\xbf" + b'{"head_dim": 64}')  # a BOM some editors write
+    assert resolve_config(f) == AttentionConfig(head_dim=64)  # a Path works too
+
+
+@pytest.mark.parametrize("content, match", [
+    (b'\xff\xfe{"head_dim": 64}', r"not UTF-8 text \(byte 0xff at offset 0\); save it as UTF-8"),
+    (b"[]", "must be a JSON object of config fields.*got an array"),
+    (b'"sm90_fwd_d64_fp16_coop_128x128"', "got a string"),
+    (b"{nope", "not valid JSON"),
+    (b"[" * 200_000, "nested too deeply"),
+    (b'{"family": ["attn_fwd"]}', "'family' must be a string"),
+    (b'{"family": "attn_bwd"}', "unknown kernel family 'attn_bwd'"),
+    (b" " * (1 << 20) + b"{}", "over 1048576 bytes"),
+], ids=["not-utf8", "array", "string", "bad-json", "deep-nesting", "family-list", "unknown-family", "huge"])
+def test_bad_config_files_are_typed_errors(tmp_path, content, match):
+    f = tmp_path / "bad.json"
+    f.write_bytes(content)
+    with pytest.raises(InvalidConfigError, match=match) as ei:
+        resolve_config(str(f))
+    assert str(f) in str(ei.value)
+
+
+def test_config_paths_that_are_not_files(tmp_path):
+    d = tmp_path / "x.json"
+    d.mkdir()
+    with pytest.raises(InvalidConfigError, match="is a directory"):
+        resolve_config(str(d))
+    with pytest.raises(InvalidConfigError, match="is a directory"):
+        load_config_file(tmp_path)
+    import os
+    if os.path.exists("/dev/null"):  # a device (or FIFO) is never read: /dev/zero would never end
+        with pytest.raises(InvalidConfigError, match="not a regular file"):
+            resolve_config("/dev/null")
+    with pytest.raises(InvalidConfigError, match="does not exist"):
+        resolve_config(str(tmp_path / "no" / "such.json"))
+    with pytest.raises(InvalidConfigError, match="no named config"):
+        resolve_config("x" * 5000)  # used to be OSError: File name too long
+    with pytest.raises(InvalidConfigError, match="no named config"):
+        resolve_config("a\0b")
+
+
+@pytest.mark.parametrize("spec", [5, None, 1.5, b"sm90_fwd_d64_fp16_coop_128x128", ["head_dim", 64], object()])
+def test_resolve_config_rejects_other_types_with_a_type_error(spec):
+    from blackwell_sparsek.jit.spec import ConfigTypeError
+    with pytest.raises(ConfigTypeError, match="a dict of config fields, inline JSON text.*named config") as ei:
+        resolve_config(spec)
+    assert isinstance(ei.value, TypeError) and isinstance(ei.value, InvalidConfigError)
+
+
+def test_from_dict_rejects_non_objects():
+    with pytest.raises(InvalidConfigError, match="must be a JSON object"):
+        KernelConfig.from_json("[]")
+    with pytest.raises(InvalidConfigError, match="must be a JSON object"):
+        KernelConfig.from_dict([("family", "attn_fwd")])
+    with pytest.raises(InvalidConfigError, match="unknown attn_fwd config field"):
+        resolve_config({1: 2, "x": 3})  # keys of mixed types are reported, not a TypeError from sorting

@@ -1,4 +1,4 @@
-"""Benchmark and comparison harness of BlackwellSparseK (docs/bench.md).
+"""Benchmark and comparison harness of BlackwellSparseK (docs/benchmarks.md).
 
 Subcommands (``python -m blackwell_sparsek <sub>`` or ``python -m blackwell_sparsek.bench <sub>``):
 

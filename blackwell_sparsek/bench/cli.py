@@ -1,10 +1,11 @@
 """Command line of the benchmark tools: ``main(argv)`` with argv[0] the subcommand.
 
-    python -m blackwell_sparsek bench [--quick | --preset quick|full|headline|tiny] [--out bench/results]
+    python -m blackwell_sparsek bench [--quick | --preset quick|full|headline|tiny] [--out DIR]
     python -m blackwell_sparsek compare-88 [--shapes 2x16x8192x128 ...] [--iterations 20] [--json PATH]
-    python -m blackwell_sparsek profile [--config NAME] [--shape 2x16x8192x128] [--pattern dense]
+    python -m blackwell_sparsek profile [--config NAME] [--shape 2x16x8192x128] [--pattern dense] [--out DIR]
 
-(``python -m blackwell_sparsek.bench ...`` is the same.) See docs/bench.md.
+Results are printed; files are written only where --out / --json say (never into the current directory unasked).
+(``python -m blackwell_sparsek.bench ...`` is the same.) See docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import BskError, InputError
 from .timing import REP_MS, WARMUP_MS
 
 SUBCOMMANDS = ("bench", "compare-88", "profile")
@@ -25,14 +27,17 @@ DEFAULT_BUDGET = {"tiny": 300.0, "quick": 180.0, "full": 450.0, "headline": 420.
 def _bench_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m blackwell_sparsek bench",
                                  description="Sweep sequence length, head dim, sparsity pattern and schedule over "
-                                             "ours and the peers; JSON + PNG plots into --out.")
+                                             "ours and the peers; prints the summary, and writes JSON, the full "
+                                             "table and PNG plots into --out when given.")
     ap.add_argument("--preset", choices=["quick", "full", "headline", "tiny"], default="full",
                     help="quick: < 4 min on an H100; full: < 9 min; headline: the acceptance shapes with a verdict "
                          "table; tiny: small CPU-capable smoke run (default: full)")
     ap.add_argument("--quick", action="store_const", const="quick", dest="preset", help="same as --preset quick")
     ap.add_argument("--headline", action="store_const", const="headline", dest="preset",
                     help="same as --preset headline")
-    ap.add_argument("--out", default="bench/results", help="output directory (default bench/results)")
+    ap.add_argument("--out", default=None, metavar="DIR",
+                    help="directory (created) for bench_<preset>.json/.txt and the plots, e.g. bench/results "
+                         "(default: none; results are only printed)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds of building + measuring before remaining cases are skipped (default: quick 180, "
                          "full 450, headline 420)")
@@ -44,9 +49,11 @@ def _bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ex88-build", action="store_true",
                     help="build example 88 if it is not cached (minutes); default: use it only when cached or "
                          "BSK_EX88_BIN is set")
-    ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--warmup-ms", type=float, default=WARMUP_MS)
-    ap.add_argument("--rep-ms", type=float, default=REP_MS)
+    ap.add_argument("--no-plots", action="store_true", help="do not draw PNG plots into --out")
+    ap.add_argument("--warmup-ms", type=float, default=WARMUP_MS,
+                    help="do_bench warm-up before each measurement, ms (default %(default)s)")
+    ap.add_argument("--rep-ms", type=float, default=REP_MS,
+                    help="do_bench timed calls per measurement, ms (default %(default)s)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu only exercises the harness (tiny preset; ours = reference fallback)")
     ap.add_argument("--list", action="store_true", help="print the planned cases and exit (no GPU needed)")
@@ -68,8 +75,11 @@ def _compare_parser() -> argparse.ArgumentParser:
     ap.add_argument("--verify", action="store_true", help="also run example 88 --verify on the first invocation")
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--no-build", action="store_true", help="fail instead of building example 88 when not cached")
-    ap.add_argument("--json", default="bench/results/compare88.json", help="output JSON ('' to skip)")
-    ap.add_argument("--rep-ms", type=float, default=REP_MS)
+    ap.add_argument("--json", default=None, metavar="PATH",
+                    help="also write the results as JSON to PATH, e.g. bench/results/compare88.json (default: "
+                         "none; the table is only printed)")
+    ap.add_argument("--rep-ms", type=float, default=REP_MS,
+                    help="do_bench timed calls per measurement of ours, ms (default %(default)s)")
     return ap
 
 
@@ -77,14 +87,17 @@ def _profile_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m blackwell_sparsek profile",
                                  description="Nsight Compute on one of our kernels; key metrics to JSON/markdown.")
     ap.add_argument("--config", default=None, help="named config (default: the cooperative config for --shape's D)")
-    ap.add_argument("--shape", default="2x16x8192x128", metavar="BxHxSxD")
-    ap.add_argument("--pattern", default="dense", choices=["dense", "causal", "window", "topk"])
-    ap.add_argument("--density", type=float, default=0.25)
-    ap.add_argument("--window", type=int, default=2048)
-    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--kernel-regex", default="regex:bsk_")
-    ap.add_argument("--launch-skip", type=int, default=2)
+    ap.add_argument("--shape", default="2x16x8192x128", metavar="BxHxSxD", help="problem shape (default %(default)s)")
+    ap.add_argument("--pattern", default="dense", choices=["dense", "causal", "window", "topk"],
+                    help="layout pattern (default %(default)s)")
+    ap.add_argument("--density", type=float, default=0.25, help="kept fraction for --pattern topk")
+    ap.add_argument("--window", type=int, default=2048, help="window in tokens for --pattern window")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help="input dtype (default %(default)s)")
+    ap.add_argument("--out", default=None, metavar="DIR",
+                    help="directory (created) for profile_*.json/.md and the Nsight report under DIR/tmp/ "
+                         "(default: none; the metrics are only printed and the report is discarded)")
+    ap.add_argument("--kernel-regex", default="regex:bsk_", help="ncu --kernel-name filter (default %(default)s)")
+    ap.add_argument("--launch-skip", type=int, default=2, help="launches to skip before the profiled one")
     return ap
 
 
@@ -94,14 +107,42 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     sub, rest = argv[0], argv[1:]
-    if sub == "bench":
-        return cmd_bench(_bench_parser().parse_args(rest))
-    if sub in ("compare-88", "compare88"):
-        return cmd_compare(_compare_parser().parse_args(rest))
-    if sub == "profile":
-        return cmd_profile(_profile_parser().parse_args(rest))
+    try:
+        if sub == "bench":
+            return cmd_bench(_bench_parser().parse_args(rest))
+        if sub in ("compare-88", "compare88"):
+            return cmd_compare(_compare_parser().parse_args(rest))
+        if sub == "profile":
+            return cmd_profile(_profile_parser().parse_args(rest))
+    except BskError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"unknown subcommand {sub!r}; use one of {', '.join(SUBCOMMANDS)}", file=sys.stderr)
     return 2
+
+
+def output_dir(path: str | None, option: str = "--out") -> Path | None:
+    """The directory the user named for results, created now (before minutes of measuring), or None."""
+    if path is None:
+        return None
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)  # raises when p or a parent is a file
+    except OSError as e:
+        raise InputError(f"cannot use {option} {path}: {e.strerror or e} (a file in the way, or no permission); "
+                         f"give a directory you can write to") from None
+    return p
+
+
+def output_file(path: str | None, option: str) -> Path | None:
+    """The file the user named for results (its directory created now), or None."""
+    if not path:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{option} {path} is a directory; give a file path such as {p / 'compare88.json'}")
+    output_dir(str(p.parent), option)
+    return p
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -138,7 +179,7 @@ def cmd_replot(json_path: str, out: str | None) -> int:
 def cmd_bench(a: argparse.Namespace) -> int:
     from . import harness, headline, plots, report
     if a.replot:
-        return cmd_replot(a.replot, a.out if a.out != "bench/results" else None)
+        return cmd_replot(a.replot, a.out)
     t_start = time.monotonic()
     dev = a.device
     name = a.preset
@@ -187,11 +228,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
         except Exception as e:
             ex88_note = f"example 88 not run: {e}"
             print(f"[bsk] {ex88_note}", file=sys.stderr)
-    out_dir = Path(a.out)
-    json_path = out_dir / f"bench_{name}.json"
+    out_dir = output_dir(a.out)
+    json_path = out_dir / f"bench_{name}.json" if out_dir else None
     env = report.environment()
+    dest = f"JSON -> {json_path}" if json_path else "results printed only (--out DIR to keep JSON, table, plots)"
     print(f"[bsk bench] preset {name}: {len(cases)} cases on {env.get('gpu') or dev}; budget {opts.budget_s:.0f}s; "
-          f"JSON -> {json_path}", file=sys.stderr, flush=True)
+          f"{dest}", file=sys.stderr, flush=True)
     build_times: dict[str, float] = {}
 
     def payload(runner: harness.Runner, complete: bool) -> dict[str, Any]:
@@ -211,14 +253,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
         return d
 
     runner = harness.Runner(cases, opts, peers_for=peers_for, ex88_binary=ex88_bin,
-                            on_case_done=lambda r: report.write_json(json_path, payload(r, False)))
+                            on_case_done=lambda r: json_path and report.write_json(json_path, payload(r, False)))
     if dev == "cuda":
         build_times.update(runner.precompile())
     runner.run()
     data = payload(runner, True)
-    report.write_json(json_path, data)
+    if json_path:
+        report.write_json(json_path, data)
     made = []
-    if not a.no_plots:
+    if out_dir and not a.no_plots:
         if plots.have_matplotlib():
             try:
                 made = plots.make_all(runner.records, out_dir, name)
@@ -227,15 +270,17 @@ def cmd_bench(a: argparse.Namespace) -> int:
         else:
             print("[bsk] matplotlib not installed: no PNG plots (pip install matplotlib)", file=sys.stderr)
     # ---- printout: full table to a text file; stdout gets checks, per-case summary, linearity, (verdicts last)
-    txt_path = out_dir / f"bench_{name}.txt"
-    txt_path.write_text(f"{env.get('gpu')} | torch {env.get('torch')} | CUDA {env.get('torch_cuda')} | "
-                        f"{env.get('date')}\n\n" + report.records_table(runner.records) + "\n\n"
-                        + report.small_checks_table(runner.small_checks) + "\n")
+    txt_path = out_dir / f"bench_{name}.txt" if out_dir else None
+    if txt_path:
+        txt_path.write_text(f"{env.get('gpu')} | torch {env.get('torch')} | CUDA {env.get('torch_cuda')} | "
+                            f"{env.get('date')}\n\n" + report.records_table(runner.records) + "\n\n"
+                            + report.small_checks_table(runner.small_checks) + "\n")
     if runner.small_checks:
         print(report.small_checks_table(runner.small_checks))
         print()
+    where = f"in {txt_path} and {json_path}" if out_dir else "kept only with --out DIR"
     print(f"GPU: {env.get('gpu')}; TFLOPS: causal = example 88's dense-half count, others = effective (listed "
-          f"blocks); every record (ms, us/head, GB/s, peak MB, rel err) in {txt_path} and {json_path}")
+          f"blocks); every record (ms, us/head, GB/s, peak MB, rel err) {where}")
     print(report.summary_table(runner.records))
     if data["linearity"]:
         print()
@@ -247,8 +292,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
             + (" ..." if len(runner.skipped) > 12 else ""))
     for n in data["notes"]:
         print(f"note: {n}")
-    print(f"\nwrote {json_path}, {txt_path}" + (", " + ", ".join(str(p) for p in made) if made else "")
-          + f" in {time.monotonic() - t_start:.0f}s")
+    wrote = (f"wrote {json_path}, {txt_path}" + (", " + ", ".join(str(p) for p in made) if made else "")
+             if out_dir else "wrote no files (pass --out DIR to keep JSON, the full table and plots)")
+    print(f"\n{wrote} in {time.monotonic() - t_start:.0f}s")
     if name == "headline":
         print()
         print(headline.verdict_table(data["headline"]))
@@ -276,8 +322,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"compare-88: {e}", file=sys.stderr)
         return 2
+    json_path = output_file(a.json, "--json")
     res = compare88.run(shapes, a.masks, iterations=a.iterations, repeats=a.repeats, verify=a.verify,
-                        dtype=a.dtype, build_ex88=not a.no_build, rep_ms=a.rep_ms, json_path=a.json or None)
+                        dtype=a.dtype, build_ex88=not a.no_build, rep_ms=a.rep_ms,
+                        json_path=str(json_path) if json_path else None)
     bad = [o for r in res["rows"] for o in r["ours"] if o.get("status") != "ok" or o.get("check_ok") is False]
     return 1 if bad else 0
 
@@ -290,8 +338,9 @@ def cmd_profile(a: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"profile: {e}", file=sys.stderr)
         return 2
-    return profile.run(a.config, shape, a.pattern, a.density, a.window, a.dtype, a.out, a.kernel_regex,
-                       a.launch_skip)
+    out = output_dir(a.out)
+    return profile.run(a.config, shape, a.pattern, a.density, a.window, a.dtype, str(out) if out else None,
+                       a.kernel_regex, a.launch_skip)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """CUTLASS example 88 (``88_hopper_fmha``): find its source in the nvidia-cutlass wheel, build it once with nvcc,
 cache the binary, run it and parse what it prints.
 
-Example 88 is the dense Hopper FMHA our kernels measure themselves against (docs/bench.md, ANCHORS.md). It times
+Example 88 is the dense Hopper FMHA our kernels measure themselves against (docs/benchmarks.md). It times
 ``--iterations`` back-to-back launches of each of its kernels with CUDA events and prints, per kernel::
 
     ###### B 2 H 16 Q 8192 K 8192 D 128 Forward Full #SM 132
@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .. import _env
-from ..compiler import _Progress as compiler_progress
-from ..compiler import cutlass_root, describe_exit, nvcc_version, read_cutlass_version, run_compiler
-from ..compiler import find_nvcc as compiler_find_nvcc
+from ..jit.compiler import _Progress as compiler_progress
+from ..jit.compiler import cutlass_root, describe_exit, nvcc_version, read_cutlass_version, run_compiler
+from ..jit.compiler import find_nvcc as compiler_find_nvcc
 from ..errors import KernelCompileError, ToolchainError
 from ..jit import store
 from ..jit.store import sha256_file
@@ -47,7 +47,7 @@ from ..jit.store import sha256_file
 EX88 = "88_hopper_fmha"
 STORE_NAME = "cutlass_ex88_hopper_fmha"  # its entries in the artifact store: <STORE_NAME>-<key16>/
 CACHE_FORMAT = 2
-# The flags of the example's CMake target for sm_90a (see docs/bench.md); paths are added by build_command().
+# The flags of the example's CMake target for sm_90a (see docs/benchmarks.md); paths are added by build_command().
 BASE_FLAGS: tuple[str, ...] = (
     "-std=c++17", "-O3", "--use_fast_math", "-DNDEBUG", "--expt-relaxed-constexpr",
     "-gencode=arch=compute_90a,code=sm_90a",

@@ -2,7 +2,7 @@
 
 Pure Python (no torch, no numpy) except :func:`rel_error`, so the CPU tests cover every formula.
 
-Conventions (docs/bench.md):
+Conventions (docs/benchmarks.md):
 
 * **Effective flops** of a block-sparse forward = 4 · D · block_m · block_n · (listed blocks summed over every
   (batch, head) pair). A layout shared by all heads (``layout.num_heads == 1``) lists ``nnz`` blocks per pair; a

@@ -313,7 +313,7 @@ def our_configs(d: int, dtype: str, schedules: tuple[str, ...] = ("cooperative",
     """(name, config) of the named configs for head dim ``d`` and ``dtype``, one per schedule, block 128x128.
     Falls back to AttentionConfig defaults when no named config matches."""
     import blackwell_sparsek as bsk
-    from ..config import AttentionConfig
+    from ..families.attn_fwd import AttentionConfig
     named: dict[str, Any] = {}
     try:
         named = bsk.load_named_configs()

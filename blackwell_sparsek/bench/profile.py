@@ -64,7 +64,7 @@ import torch
 import blackwell_sparsek as bsk
 from blackwell_sparsek.bench.harness import Case, build_layout, make_inputs
 spec = json.loads(sys.argv[1])
-cfg = bsk.config.resolve_config(spec["config"])
+cfg = bsk.resolve_config(spec["config"])
 case = Case(**spec["case"])
 layout, causal = build_layout(case)
 q, k, v = make_inputs(case)
@@ -200,9 +200,11 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def run(config: str | None, shape: tuple[int, int, int, int], pattern: str = "dense", density: float = 0.25,
-        window: int = 2048, dtype: str = "fp16", out_dir: str = "bench/results", kernel_regex: str = "regex:bsk_",
+        window: int = 2048, dtype: str = "fp16", out_dir: str | None = None, kernel_regex: str = "regex:bsk_",
         launch_skip: int = 2, timeout: float = 540.0, device: str = "cuda") -> int:
-    """Returns the exit status. ``device='cpu'`` only tests the plumbing (with a fake ncu)."""
+    """Returns the exit status. Files (JSON, markdown, the .ncu-rep under ``out_dir/tmp/``) are written only when
+    ``out_dir`` is given; otherwise the metrics are printed and the report is discarded. ``device='cpu'`` only
+    tests the plumbing (with a fake ncu)."""
     ncu = find_ncu()
     if ncu is None:
         print("profile: Nsight Compute (ncu) is not on PATH (nor $BSK_NCU, /usr/local/cuda/bin/ncu): install "
@@ -217,7 +219,7 @@ def run(config: str | None, shape: tuple[int, int, int, int], pattern: str = "de
     from .peers import our_configs
     b, h, s, d = shape
     if config:
-        cfg = bsk.config.resolve_config(config)
+        cfg = bsk.resolve_config(config)
         cfg_name = config
         d = getattr(cfg, "head_dim", d)
         dtype = getattr(getattr(cfg, "dtype", None), "value", dtype)
@@ -231,8 +233,9 @@ def run(config: str | None, shape: tuple[int, int, int, int], pattern: str = "de
     spec = {"config": cfg.to_json(), "case": {k: v for k, v in case.as_dict().items() if k != "name"},
             "launches": launch_skip + 2}
     spec["case"]["groups"] = []
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir) if out_dir else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
     avail = available_metrics(ncu)
     extra = [m for m in EXTRA_METRICS if avail is None or m.split(".")[0] in avail]
     with tempfile.TemporaryDirectory(prefix="bsk-ncu-") as td:
@@ -275,19 +278,23 @@ def run(config: str | None, shape: tuple[int, int, int, int], pattern: str = "de
             return 1
         stem = f"profile_{cfg_name if config else cfg.kernel_name}_{case.pattern}_s{s}"
         stem = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in stem)
-        keep = out / "tmp"  # bench/results/tmp/ is git-ignored: the binary report is never committed
-        keep.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(rep_file, keep / f"{stem}.ncu-rep")
+        if out is not None:
+            keep = out / "tmp"  # bench/results/tmp/ is git-ignored: the binary report is never committed
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(rep_file, keep / f"{stem}.ncu-rep")
     km = key_metrics(rows[0])
     report = {"schema": "blackwell_sparsek.profile/1", "env": environment(), "config": cfg_name,
               "kernel": cfg.kernel_name, "profiled_kernel": km.pop("_kernel", None), "case": case.name,
               "metrics": km, "ncu_command": " ".join(cmd[:-1]) + " '<spec>'",
               "raw": {k: v for k, v in rows[0].items() if not k.startswith("__")}}
+    rows_t = [[k, f"{v['value']:.4g} {v['unit']}".strip()] for k, v in km.items()]
+    print(format_table(rows_t, ["metric", "value"], "lr"))
+    if out is None:
+        print("wrote no files (pass --out DIR to keep the metrics as JSON/markdown and the Nsight Compute report)")
+        return 0
     jp = write_json(out / f"{stem}.json", report)
     mp = out / f"{stem}.md"
     mp.write_text(markdown(report))
-    rows_t = [[k, f"{v['value']:.4g} {v['unit']}".strip()] for k, v in km.items()]
-    print(format_table(rows_t, ["metric", "value"], "lr"))
     print(f"wrote {jp}, {mp} and {out / 'tmp' / (stem + '.ncu-rep')} (open it in Nsight Compute)")
     return 0
 

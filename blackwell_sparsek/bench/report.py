@@ -109,12 +109,12 @@ def environment() -> dict[str, Any]:
         except Exception:
             pass
     try:
-        from ..compiler import find_nvcc, nvcc_version
+        from ..jit.compiler import find_nvcc, nvcc_version
         env["nvcc"] = nvcc_version(find_nvcc()).splitlines()[-1]
     except Exception:
         pass
     try:
-        from ..compiler import cutlass_version
+        from ..jit.compiler import cutlass_version
         env["cutlass"] = cutlass_version()
     except Exception:
         pass

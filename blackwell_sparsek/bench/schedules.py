@@ -66,7 +66,7 @@ def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float
     import torch
 
     from .. import ops
-    from ..config import Schedule
+    from ..families.attn_fwd import Schedule
     from ..reference import relative_error
     rows = []
     for b, h, s, d in shapes:
@@ -74,7 +74,8 @@ def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
         for name, lay in masks(s, h).items():
             lay = lay.to("cuda")
-            flops = 4.0 * b * h * d * BLOCK * BLOCK * lay.nnz * (h // lay.num_heads)
+            # nnz sums the layout's heads; a shared layout (1 head) serves all h query heads
+            flops = 4.0 * b * d * BLOCK * BLOCK * lay.nnz * (h // lay.num_heads)
             times, outs = {}, {}
             for sched in (Schedule.COOPERATIVE, Schedule.PINGPONG):
                 fn = lambda sched=sched: ops.sparse_attention(q, k, v, lay, config=sched)  # noqa: E731

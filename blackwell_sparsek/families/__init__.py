@@ -1,4 +1,3 @@
-"""Kernel families: one module per family (config dataclass, rules, ABI, launch arguments, named configs).
-
-A family module registers its config class in ``blackwell_sparsek.config.FAMILIES`` when imported.
-"""
+"""Kernel families, one module each; importing this package registers every family with jit.spec."""
+from . import attn_bwd  # noqa: F401
+from . import attn_fwd  # noqa: F401

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from . import _env
-from ._paths import include_dir
-from .config import Arch
-from .errors import KernelCompileError, ToolchainError
+from .. import _env
+from .._paths import include_dir
+from .spec import Arch, KernelConfig
+from ..errors import KernelCompileError, ToolchainError
 
 BASE_FLAGS: tuple[str, ...] = (
     "-std=c++17", "-O3", "--use_fast_math", "-DNDEBUG", "--expt-relaxed-constexpr",
@@ -109,8 +109,13 @@ class CutlassPaths:
     util_include: Path
     example88: Path
 
-    def include_dirs(self) -> list[Path]:
-        return [self.include, self.util_include, self.example88]
+    def include_dirs(self, roles: tuple[str, ...] = ("cutlass", "cutlass_ex88")) -> list[Path]:
+        """The trees of a family's include roles (KernelConfig.includes), in command-line order."""
+        by_role = {"cutlass": [self.include, self.util_include], "cutlass_ex88": [self.example88]}
+        unknown = [r for r in roles if r not in by_role]
+        if unknown:
+            raise ToolchainError(f"unknown include role(s) {unknown}; known: {sorted(by_role)}")
+        return [d for r in roles for d in by_role[r]]
 
 
 def cutlass_root() -> Path:
@@ -184,7 +189,7 @@ def tree_signature(dirs: tuple[Path, ...]) -> str:
                     continue
     listing = hashlib.sha256("\n".join(
         f"{rel}\0{p}\0{st.st_size}\0{st.st_mtime_ns}" if st else rel for rel, p, st in files).encode()).hexdigest()
-    from .jit import store
+    from . import store
     text = store.memo_get(listing)
     if text is not None and len(text) == 64:
         return text
@@ -240,32 +245,33 @@ def nvcc_flags(arch: Arch) -> list[str]:
     return flags + list(LINK_FLAGS)
 
 
-def include_dirs() -> list[Path]:
-    return [include_dir(), *cutlass_paths().include_dirs()]
+def include_dirs(config: KernelConfig) -> list[Path]:
+    """Our headers first, then the CUTLASS trees the config's family asks for."""
+    return [include_dir(), *cutlass_paths().include_dirs(config.includes)]
 
 
-def toolchain_fingerprint(arch: Arch) -> dict[str, object]:
-    """What besides the source decides the binary: nvcc (full version text), CUTLASS (version + include trees),
-    our headers (content) and the flags. Each part is memoized per process."""
+def toolchain_fingerprint(config: KernelConfig) -> dict[str, object]:
+    """What besides the source decides the binary: nvcc (full version text), CUTLASS (version + the include trees
+    the family uses), our headers (content) and the flags. Each part is memoized per process."""
     nvcc = find_nvcc()
     paths = cutlass_paths()
     return {
         "nvcc_version": nvcc_version(nvcc),
         "cutlass_version": cutlass_version(paths),
-        "cutlass_tree": tree_signature(tuple(paths.include_dirs())),
+        "cutlass_tree": tree_signature(tuple(paths.include_dirs(config.includes))),
         "bsk_headers": headers_hash(),
-        "flags": nvcc_flags(arch),
-        "arch": arch.name,
+        "flags": nvcc_flags(config.arch),
+        "arch": config.arch.name,
     }
 
 
-def compile_command(arch: Arch, nvcc: str | None = None, source: str = SOURCE_NAME,
+def compile_command(config: KernelConfig, nvcc: str | None = None, source: str = SOURCE_NAME,
                     output: str = OUTPUT_NAME) -> list[str]:
     """The full nvcc command line; file names are relative to the build dir nvcc runs in."""
-    flags = nvcc_flags(arch)
+    flags = nvcc_flags(config.arch)
     compile_flags = [f for f in flags if f not in LINK_FLAGS]
     link_flags = [f for f in flags if f in LINK_FLAGS]  # libraries after the source they serve
-    incs = [f"-I{d}" for d in include_dirs()]
+    incs = [f"-I{d}" for d in include_dirs(config)]
     return [nvcc or find_nvcc(), *compile_flags, *incs, source, "-o", output, *link_flags]
 
 
@@ -409,7 +415,7 @@ def describe_exit(code: int) -> str:
     return f"exit {code}"
 
 
-def compile_kernel(source: str, kernel_name: str, build_dir: Path, arch: Arch, *,
+def compile_kernel(source: str, config: KernelConfig, build_dir: Path, *,
                    failed_path: Path | None = None, progress: bool | None = None) -> CompileResult:
     """Write ``source`` to ``build_dir/kernel.cu`` and run nvcc there (cwd = build_dir) into ``kernel.so``.
 
@@ -419,7 +425,8 @@ def compile_kernel(source: str, kernel_name: str, build_dir: Path, arch: Arch, *
     build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     (build_dir / SOURCE_NAME).write_text(source)
-    cmd = compile_command(arch)
+    kernel_name = config.kernel_name
+    cmd = compile_command(config)
     (build_dir / COMMAND_NAME).write_text(
         "#!/bin/sh\n# rebuild this kernel by hand: sh command.sh\ncd \"$(dirname \"$0\")\" && exec "
         + shlex.join(cmd) + "\n")

@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__, _env
+from .. import __version__, _env
 from . import compiler
 from .codegen import render
-from .config import KernelConfig
-from .errors import BskError, JitDisabledError, KernelCompileError, ToolchainError
-from .jit import store
+from .spec import KernelConfig
+from ..errors import BskError, JitDisabledError, KernelCompileError, ToolchainError
+from . import store
 
 SO_NAME = compiler.OUTPUT_NAME
 SRC_NAME = compiler.SOURCE_NAME
@@ -63,7 +63,7 @@ def key_material(config: KernelConfig, source: str | None = None,
     if source is None:
         source = render(config)
     if fingerprint is None:
-        fingerprint = compiler.toolchain_fingerprint(config.arch)
+        fingerprint = compiler.toolchain_fingerprint(config)
     return {
         "config": config.to_json(),
         "source_sha256": _sha256_text(source),
@@ -95,8 +95,8 @@ def _producer(config: KernelConfig, source: str, fingerprint: dict[str, Any], pr
     def produce(dirs: store.BuildDirs) -> dict[str, Any]:
         kernel_name = config.kernel_name
         try:
-            result = compiler.compile_kernel(source, kernel_name, dirs.staging, config.arch,
-                                             failed_path=dirs.failed, progress=progress)
+            result = compiler.compile_kernel(source, config, dirs.staging, failed_path=dirs.failed,
+                                             progress=progress)
         except KernelCompileError as e:
             sys.stderr.write(f"[bsk] compiling {kernel_name} failed; nothing cached; build dir kept: "
                              f"{e.build_dir}\n")
@@ -135,7 +135,7 @@ def ensure_built(config: KernelConfig, *, progress: bool | None = None) -> Cache
     config.validate()
     source = render(config)
     try:
-        fingerprint = compiler.toolchain_fingerprint(config.arch)
+        fingerprint = compiler.toolchain_fingerprint(config)
     except ToolchainError as e:
         if jit_disabled():
             found = _find_without_toolchain(config, source)

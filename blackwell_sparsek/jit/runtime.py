@@ -14,8 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .config import Arch, KernelConfig
-from .errors import BskError, CudaError, InputError, InvalidConfigError
+from .spec import Arch, KernelConfig
+from ..errors import BskError, CudaError, InputError, InvalidConfigError
 
 _SCALARS: dict[str, type] = {
     "int": ctypes.c_int, "int32_t": ctypes.c_int32, "unsigned": ctypes.c_uint, "unsigned int": ctypes.c_uint,

@@ -1,0 +1,215 @@
+"""Attention forward on Hopper: the config and its rules, the launcher ABI and how it is filled from tensors.
+
+One module per family (DESIGN.md): the config dataclass (its fields are every compile-time choice, so they enter
+the kernel name and the cache key), the rules checked before nvcc, the template and include trees, and the ABI
+list, from which the template renders the C argument struct and jit/runtime.py builds the ctypes one;
+``launch_args`` is the one place the fields are filled.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..jit.spec import Arch, DType, KernelConfig, enum_from, register
+from ..errors import InvalidConfigError
+
+class Schedule(enum.Enum):
+    COOPERATIVE = "cooperative"   # both MMA warpgroups split one M tile; one CTA per tile
+    PINGPONG = "pingpong"         # persistent CTAs, Q loaded by its own warp, warpgroups staggered
+    SINGLE = "single"             # one 64-row MMA warpgroup per CTA that issues its own TMA loads; 2-3 CTAs per SM
+
+    @property
+    def tile_m(self) -> int:
+        """Query rows per tile: 64 per MMA warpgroup, two warpgroups except for SINGLE."""
+        return 64 if self is Schedule.SINGLE else 128
+
+
+
+# Largest layout block side (block_m, block_n): 4096 = 32 tiles of 128 (64 of 64) per block. The kernel walks a
+# block tile by tile and forms element offsets such as col * BlockN in 32-bit ints, so the bound keeps those far
+# from overflow; and a block that coarse (16M scores) is already dense attention in all but name: Flex and the
+# layouts shipped here use 64-256.
+MAX_BLOCK = 4096
+HEAD_DIMS = (64, 128, 256)  # head dims the kernels are built for
+# Registers one consumer thread may spend on accumulators (QK fp32, P as 16-bit operand, O fp32); the rest of
+# the 240 a consumer warpgroup gets after setmaxnreg go to addresses, softmax state and temporaries.
+_CONSUMER_ACC_REG_BUDGET = 176
+
+
+@register
+@dataclass(frozen=True)
+class AttentionConfig(KernelConfig):
+    """Block-sparse attention forward on Hopper (TMA + warp-specialized WGMMA, BSR-indexed K/V)."""
+
+    head_dim: int = 128
+    dtype: DType = DType.FP16
+    schedule: Schedule = Schedule.COOPERATIVE
+    tile_m: int = None  # type: ignore[assignment]  # None: the schedule's own (Schedule.tile_m), set on creation
+    tile_n: int = 128
+    stages: int = 4
+    block_m: int = 128
+    block_n: int = 128
+    arch: Arch = Arch.SM90A
+
+    family: ClassVar[str] = "attn_fwd"
+    template: ClassVar[str] = "attn_fwd.cu.j2"
+    includes: ClassVar[tuple[str, ...]] = ("cutlass", "cutlass_ex88")  # the kernel shell is example 88's
+    abi: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("q", "const void*"), ("k", "const void*"), ("v", "const void*"),
+        ("o", "void*"), ("lse", "float*"),
+        ("col_idx", "const int*"), ("block_kind", "const unsigned char*"), ("row_sched", "const int*"),
+        ("batch", "int"), ("heads", "int"), ("heads_kv", "int"),
+        ("seq_q", "int"), ("seq_k", "int"), ("head_dim", "int"),
+        ("q_stride_b", "long long"), ("q_stride_h", "long long"), ("q_stride_s", "long long"),
+        ("k_stride_b", "long long"), ("k_stride_h", "long long"), ("k_stride_s", "long long"),
+        ("v_stride_b", "long long"), ("v_stride_h", "long long"), ("v_stride_s", "long long"),
+        ("o_stride_b", "long long"), ("o_stride_h", "long long"), ("o_stride_s", "long long"),
+        ("lse_stride_b", "long long"), ("lse_stride_h", "long long"),
+        ("layout_heads", "int"), ("n_qblocks", "int"), ("n_kblocks", "int"),
+        ("col_stride", "int"),
+        ("window_left", "int"), ("window_right", "int"),
+        ("scale", "float"), ("sm_count", "int"), ("rank_major", "int"),
+    )
+
+    def __post_init__(self) -> None:
+        for name, cls in (("dtype", DType), ("schedule", Schedule), ("arch", Arch)):
+            object.__setattr__(self, name, enum_from(cls, getattr(self, name)))
+        if self.tile_m is None:
+            # tile_m follows from the schedule (64 rows for 'single', else 128); only a tile_m the user gives
+            # can disagree with it, and validate() then names the fix.
+            object.__setattr__(self, "tile_m", self.schedule.tile_m)
+        for name in ("head_dim", "tile_m", "tile_n", "stages", "block_m", "block_n"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InvalidConfigError(f"{name} must be an int, got {v!r}")
+
+    def name_facts(self) -> str:
+        sched = {"COOPERATIVE": "coop", "PINGPONG": "pp", "SINGLE": "single"}[self.schedule.name]
+        return (f"d{self.head_dim}_{self.dtype.value}_t{self.tile_m}x{self.tile_n}_{sched}_s{self.stages}"
+                f"_b{self.block_m}x{self.block_n}")
+
+    @property
+    def q_stages(self) -> int:
+        """Q slots: one per MMA warpgroup. (Doubling them when persistent, so the next tile's Q loads during this
+        one, measured 4-6 % slower on the H200 than spending that shared memory on a deeper K/V ring.)"""
+        return self.tile_m // 64
+
+    def smem_bytes(self) -> int:
+        """Shared memory the kernel needs, bytes: Q for both warpgroups, the K/V ring, the O staging (beside the
+        mainloop when persistent) and barriers. Mirrors the kernel's SharedStorage (bsk/sm90/)."""
+        e = self.dtype.itemsize
+        q = self.q_stages * 64 * self.head_dim * e
+        kv = self.stages * self.tile_n * self.head_dim * e
+        # O staging, one 64-row buffer per warpgroup: beside the mainloop when persistent, else over Q's slots
+        epi = self.q_stages * 64 * self.head_dim * e if self.schedule is Schedule.PINGPONG else 0
+        return q + kv + epi + 1024
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """CTAs built to share an SM (the kernel's launch bounds). Single-warpgroup CTAs: as many as shared memory
+        allows, at most 3 (3 x 128 threads leave 168 registers a thread; 4 would leave 128, too few to keep the
+        QK and PV accumulators)."""
+        if self.schedule is not Schedule.SINGLE:
+            return 1
+        return min(3, self.arch.facts.smem_per_sm // (self.smem_bytes() + 1024))
+
+    def acc_registers(self) -> int:
+        # per consumer thread: QK fp32 accumulator 64 x tile_n over 128 threads, P as 16-bit operand, O fp32.
+        return self.tile_n // 2 + self.tile_n // 4 + self.head_dim // 2
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        if self.arch is not Arch.SM90A:
+            p.append(f"arch {self.arch.value} has no code generator yet; use arch='sm90a' (H100/H200)")
+        if self.head_dim not in HEAD_DIMS:
+            p.append(f"head_dim {self.head_dim} is not supported; use one of {HEAD_DIMS}")
+        want_m = self.schedule.tile_m
+        if self.tile_m != want_m:
+            p.append(f"tile_m {self.tile_m} != {want_m}: " + (
+                "the single schedule runs one 64-row MMA warpgroup per CTA" if self.schedule is Schedule.SINGLE else
+                "two MMA warpgroups of 64 rows (one WGMMA M) make one tile; for 64-row tiles use schedule='single'")
+                + f"; set tile_m={want_m} or leave tile_m out (it follows the schedule)")
+        if self.schedule is Schedule.SINGLE and (self.stages % 2 or self.stages < 4):
+            p.append(f"stages {self.stages}: the single schedule needs an even count >= 4 (K and V of "
+                     f"stages/2 tiles in flight)")
+        tile_n_ok = self.tile_n in (64, 128)
+        if not tile_n_ok:
+            p.append(f"tile_n {self.tile_n} is not supported; use 64 or 128 (a WGMMA N that keeps the "
+                     f"accumulators in registers)")
+        if self.head_dim * self.dtype.itemsize % 16:
+            p.append("head_dim * element size must be a multiple of 16 bytes for TMA")
+        if not 2 <= self.stages <= 16:
+            p.append(f"stages {self.stages} out of range; use 2..16 K/V slots (shared memory bounds it further)")
+        # Layout blocks are whole kernel tiles (the template static_asserts it). Check against the tile the kernel
+        # will have, so a wrong tile_m/tile_n (reported above) cannot hide or fake a block problem (or divide by 0).
+        for name, block, tname, tile in (("block_m", self.block_m, "tile_m", want_m),
+                                         ("block_n", self.block_n, "tile_n", self.tile_n if tile_n_ok else 64)):
+            if not tile <= block <= MAX_BLOCK or block % tile:
+                p.append(f"{name} {block} must be a multiple of {tname} {tile} between {tile} and {MAX_BLOCK} "
+                         f"(rows/columns of one layout block)")
+        if not p:
+            if self.acc_registers() > _CONSUMER_ACC_REG_BUDGET:
+                p.append(f"tile_n {self.tile_n} with head_dim {self.head_dim} needs {self.acc_registers()} "
+                         f"accumulator registers per thread (budget {_CONSUMER_ACC_REG_BUDGET}); use tile_n=64")
+            single = self.schedule is Schedule.SINGLE
+            too_big = self.ctas_per_sm < 2 if single else self.smem_bytes() > self.arch.facts.smem_optin
+            if too_big:
+                limit = self.arch.facts.smem_per_sm // 2 - 1024 if single else self.arch.facts.smem_optin
+                p.append(f"needs {self.smem_bytes()} bytes of shared memory, over the {limit} a Hopper CTA can "
+                         f"have{' with 2 per SM' if single else ''}; use fewer stages or a smaller tile_n")
+        return p
+
+    def nearest_valid(self) -> "AttentionConfig | None":
+        hd = min(HEAD_DIMS, key=lambda d: (abs(d - self.head_dim), d))
+        tn = 64 if (self.tile_n < 128 or hd == 256) else 128
+        tm = self.schedule.tile_m
+        bm = min(MAX_BLOCK, max(tm, (self.block_m + tm - 1) // tm * tm))
+        bn = min(MAX_BLOCK, max(tn, (self.block_n + tn - 1) // tn * tn))
+        single = self.schedule is Schedule.SINGLE
+        st = min(max(self.stages, 4 if single else 2), 16)
+        cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=tm, tile_n=tn,
+                                   block_m=bm, block_n=bn, stages=st - st % 2 if single else st)
+        while cand.stages > (4 if single else 2) and cand.problems():
+            cand = dataclasses.replace(cand, stages=cand.stages - (2 if single else 1))
+        return None if cand.problems() else cand
+
+    def template_vars(self) -> dict[str, Any]:
+        return {
+            "element": self.dtype.cutlass_type,
+            "head_dim": self.head_dim,
+            "tile_m": self.tile_m,
+            "tile_n": self.tile_n,
+            "stages": self.stages,
+            "q_stages": self.q_stages,
+            "block_m": self.block_m,
+            "block_n": self.block_n,
+            "persistent": self.schedule is Schedule.PINGPONG,
+            "ctas_per_sm": self.ctas_per_sm,
+            "schedule": self.schedule.value,
+        }
+
+
+
+def launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta: list[int], scale: float,
+                sm_count: int) -> dict[str, Any]:
+    """Every field of the launcher's argument struct, by ABI name, from the op's tensors. meta = [window_left,
+    window_right, n_kblocks, rank_major] of the layout (rank_major: rows differ in length, order tiles
+    heaviest-first across heads)."""
+    B, H, Sq, D = q.shape
+    qs, ks, vs, os_, ls = q.stride(), k.stride(), v.stride(), o.stride(), lse.stride()
+    return dict(
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr(),
+        col_idx=col_idx.data_ptr(), block_kind=block_kind.data_ptr(), row_sched=row_sched.data_ptr(),
+        batch=B, heads=H, heads_kv=k.shape[1], seq_q=Sq, seq_k=k.shape[2], head_dim=D,
+        q_stride_b=qs[0], q_stride_h=qs[1], q_stride_s=qs[2],
+        k_stride_b=ks[0], k_stride_h=ks[1], k_stride_s=ks[2],
+        v_stride_b=vs[0], v_stride_h=vs[1], v_stride_s=vs[2],
+        o_stride_b=os_[0], o_stride_h=os_[1], o_stride_s=os_[2],
+        lse_stride_b=ls[0], lse_stride_h=ls[1],
+        layout_heads=row_sched.shape[0], n_qblocks=row_sched.shape[1], n_kblocks=meta[2],
+        col_stride=col_idx.stride(0),
+        window_left=meta[0], window_right=meta[1],
+        scale=scale, sm_count=sm_count, rank_major=meta[3],
+    )

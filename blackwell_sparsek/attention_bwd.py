@@ -22,10 +22,11 @@ from typing import Optional
 import torch
 
 from . import ops as _ops  # noqa: F401  (defines blackwell_sparsek::attn_fwd, whose autograd this registers)
-from .config import AttentionConfig, DType, KernelConfig
 from .errors import InputError, InvalidConfigError
 from .families import attn_bwd as _family
 from .families.attn_bwd import AttnBwdConfig
+from .families.attn_fwd import AttentionConfig
+from .jit.spec import DType, KernelConfig
 
 _DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 _BOUNDS, _RULE = 1, 2        # block-kind bits (blackwell_sparsek.layout)
@@ -126,7 +127,7 @@ def _bwd_config(text: str) -> AttnBwdConfig:
 
 @lru_cache(maxsize=None)
 def _kernel_for(text: str):
-    from .cache import build
+    from .jit.kernels import build
     return build(_bwd_config(text))
 
 

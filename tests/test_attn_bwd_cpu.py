@@ -11,13 +11,15 @@ import re
 import pytest
 import torch
 
-from blackwell_sparsek import InputError, InvalidConfigError, cache, compiler, runtime
+from blackwell_sparsek import InputError, InvalidConfigError
 from blackwell_sparsek import attention_bwd as ab
-from blackwell_sparsek.codegen import render
-from blackwell_sparsek.config import FAMILIES, Arch, AttentionConfig, DType, KernelConfig
 from blackwell_sparsek.errors import ToolchainError
 from blackwell_sparsek.families import attn_bwd as fam
 from blackwell_sparsek.families.attn_bwd import AttnBwdConfig
+from blackwell_sparsek.families.attn_fwd import AttentionConfig
+from blackwell_sparsek.jit import compiler, kernels, runtime
+from blackwell_sparsek.jit.codegen import render
+from blackwell_sparsek.jit.spec import DType, KernelConfig, families, load_named_configs
 from blackwell_sparsek.layout import BOUNDS, BlockSparseLayout
 from blackwell_sparsek.reference import attention_reference, relative_error
 
@@ -25,7 +27,7 @@ from blackwell_sparsek.reference import attention_reference, relative_error
 # -- config ----------------------------------------------------------------------------------------------------
 
 def test_family_registered_and_round_trips():
-    assert FAMILIES["attn_bwd"] is AttnBwdConfig
+    assert families()["attn_bwd"] is AttnBwdConfig
     cfg = AttnBwdConfig(head_dim=64, dtype="bf16")
     assert cfg.dtype is DType.BF16
     back = KernelConfig.from_json(cfg.to_json())
@@ -39,7 +41,7 @@ def test_named_configs_valid_and_named_by_kernel():
     facts = set()
     for stem, cfg in named.items():
         assert cfg.problems() == []
-        assert stem == cfg.stem and cfg.kernel_name.startswith(stem + "_")
+        assert stem == cfg.config_name and cfg.kernel_name.startswith(stem + "_")
         assert re.fullmatch(r"[0-9a-f]{12}", cfg.kernel_name[len(stem) + 1:])
         facts.add((cfg.head_dim, cfg.dtype))
     assert facts == {(d, t) for d in (64, 128) for t in (DType.FP16, DType.BF16)}
@@ -74,7 +76,7 @@ def test_smem_fits_and_config_for():
     for d in (64, 128):
         assert AttnBwdConfig(head_dim=d).smem_bytes() <= 232448
     cfg = fam.config_for(128, DType.FP16, 128, 128)
-    assert cfg is fam.named_configs()[cfg.stem]
+    assert cfg == fam.named_configs()[cfg.config_name]
     assert fam.config_for(64, DType.BF16, 256, 256).block_n == 256  # derived, not named
     with pytest.raises(InvalidConfigError, match="block_n=128"):
         fam.config_for(128, DType.FP16, 128, 64)
@@ -308,7 +310,7 @@ def test_real_compile_attn_bwd(bsk_cache):
     except ToolchainError as e:
         pytest.skip(f"real nvcc compile needs nvcc and CUTLASS: {e}")
     cfg = fam.named_configs()["bsk_sm90a_attn_bwd_d64_fp16_t64x128_b128x128"]
-    e = cache.ensure_built(cfg)
+    e = kernels.ensure_built(cfg)
     assert e.built and e.so_path.stat().st_size > 0
     assert cfg.kernel_name.encode() in e.so_path.read_bytes()
     import shutil

@@ -13,12 +13,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, ClassVar
 
-from .. import config as _config
-from ..config import Arch, DType, KernelConfig, SM90_SMEM_OPTIN, _enum_from
 from ..errors import InvalidConfigError
+from ..jit.spec import Arch, DType, KernelConfig, enum_from, register
 
 # Queries per inner step and keys per CTA: example 88's backward tile (64, 128, D), two warpgroups of 64 keys.
 TILE_M = 64
@@ -26,6 +24,7 @@ TILE_N = 128
 HEAD_DIMS = (64, 128)
 
 
+@register
 @dataclass(frozen=True)
 class AttnBwdConfig(KernelConfig):
     """Block-sparse attention backward on Hopper (TMA + warp-specialized WGMMA over the transposed layout)."""
@@ -40,6 +39,7 @@ class AttnBwdConfig(KernelConfig):
 
     family: ClassVar[str] = "attn_bwd"
     template: ClassVar[str] = "attn_bwd.cu.j2"
+    includes: ClassVar[tuple[str, ...]] = ("cutlass", "cutlass_ex88")  # the kernel shell is example 88's
     abi: ClassVar[tuple[tuple[str, str], ...]] = (
         ("q", "const void*"), ("k", "const void*"), ("v", "const void*"), ("o", "const void*"),
         ("do_", "const void*"), ("lse", "const float*"), ("glse", "const float*"),
@@ -65,21 +65,14 @@ class AttnBwdConfig(KernelConfig):
 
     def __post_init__(self) -> None:
         for name, cls in (("dtype", DType), ("arch", Arch)):
-            object.__setattr__(self, name, _enum_from(cls, getattr(self, name)))
+            object.__setattr__(self, name, enum_from(cls, getattr(self, name)))
         for name in ("head_dim", "tile_m", "tile_n", "block_m", "block_n"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidConfigError(f"{name} must be an int, got {v!r}")
 
-    @property
-    def kernel_name(self) -> str:
-        return (f"bsk_{self.arch.value}_attn_bwd_d{self.head_dim}_{self.dtype.value}"
-                f"_t{self.tile_m}x{self.tile_n}_b{self.block_m}x{self.block_n}_{self.config_hash[:12]}")
-
-    @property
-    def stem(self) -> str:
-        """The kernel name without its hash: a named config's file name."""
-        return self.kernel_name.rsplit("_", 1)[0]
+    def name_facts(self) -> str:
+        return f"d{self.head_dim}_{self.dtype.value}_t{self.tile_m}x{self.tile_n}_b{self.block_m}x{self.block_n}"
 
     def smem_bytes(self) -> int:
         """Shared memory of one CTA, bytes; mirrors example 88's backward SharedStorage: K/V (4 stages of 64 keys),
@@ -107,9 +100,9 @@ class AttnBwdConfig(KernelConfig):
         if self.block_n <= 0 or self.block_n % TILE_N:
             p.append(f"block_n {self.block_n} must be a positive multiple of {TILE_N} (one CTA covers {TILE_N} "
                      f"keys); build the layout with block_n=128")
-        if not p and self.smem_bytes() > SM90_SMEM_OPTIN:
-            p.append(f"needs {self.smem_bytes()} bytes of shared memory, over the {SM90_SMEM_OPTIN} a Hopper CTA "
-                     f"can have")
+        if not p and self.smem_bytes() > self.arch.facts.smem_optin:
+            p.append(f"needs {self.smem_bytes()} bytes of shared memory, over the {self.arch.facts.smem_optin} a "
+                     f"Hopper CTA can have")
         return p
 
     def nearest_valid(self) -> "AttnBwdConfig | None":
@@ -129,39 +122,22 @@ class AttnBwdConfig(KernelConfig):
         }
 
 
-_config.FAMILIES.setdefault(AttnBwdConfig.family, AttnBwdConfig)
-
-
 # -- named configs -------------------------------------------------------------------------------------------
 
-def named_configs_dir() -> Path:
-    """cutlass_configs/attn_bwd/: the family's named configs. A subfolder for now, because the generic loader
-    (config.load_named_configs) does not import family modules yet; see the module docstring of attention_bwd."""
-    from .._paths import configs_dir
-    return configs_dir() / "attn_bwd"
-
-
-@lru_cache(maxsize=None)
-def named_configs() -> dict[str, AttnBwdConfig]:
-    """Every named backward config, by name (file stem = kernel name without the hash), validated."""
-    out: dict[str, AttnBwdConfig] = {}
-    for p in sorted(named_configs_dir().glob("*.json")):
-        try:
-            cfg = KernelConfig.from_json(p.read_text()).validate()
-        except (InvalidConfigError, OSError) as e:
-            raise InvalidConfigError(f"{p}: {e}") from None
-        if not isinstance(cfg, AttnBwdConfig):
-            raise InvalidConfigError(f"{p}: family {cfg.family!r} in the attn_bwd catalog")
-        if cfg.stem != p.stem:
-            raise InvalidConfigError(f"{p}: a named config's file name must be its kernel name without the hash, "
-                                     f"{cfg.stem}.json")
-        out[p.stem] = cfg
-    return out
+def named_configs() -> dict[str, "AttnBwdConfig"]:
+    """The family's named configs in cutlass_configs/, by name (file stem = kernel name without the hash)."""
+    from ..jit.spec import load_named_configs
+    return {n: c for n, c in load_named_configs().items() if isinstance(c, AttnBwdConfig)}
 
 
 def config_for(head_dim: int, dtype: DType, block_m: int, block_n: int) -> AttnBwdConfig:
     """The backward config for these facts: a named one when it matches, else derived; InvalidConfigError (naming
     the fix) when no backward kernel serves them."""
+    return _config_for(int(head_dim), enum_from(DType, dtype), int(block_m), int(block_n))
+
+
+@lru_cache(maxsize=None)
+def _config_for(head_dim: int, dtype: DType, block_m: int, block_n: int) -> AttnBwdConfig:
     for cfg in named_configs().values():
         if (cfg.head_dim, cfg.dtype, cfg.block_m, cfg.block_n) == (head_dim, dtype, block_m, block_n):
             return cfg

@@ -34,9 +34,11 @@ _BOUNDS, _RULE = 1, 2        # block-kind bits (blackwell_sparsek.layout)
 
 # -- the transposed view -----------------------------------------------------------------------------------------
 
-def _slot_rows(col_idx: torch.Tensor, row_sched: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, valid) per col_idx slot [Hl, W]: the query-block row each slot belongs to, and whether it is a listed
-    block (padding after the head's last row is not). From the schedule entries (row, start, end, first)."""
+def _slot_rows(col_idx: torch.Tensor, row_sched: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(row, valid, rank) per col_idx slot [Hl, W]: the query-block row each slot belongs to, whether it is a listed
+    block (padding after the head's last row is not), and its position in the row. From the schedule entries
+    (row, start, end, first)."""
     hl, w = col_idx.shape
     nq = row_sched.shape[1]
     dev = col_idx.device
@@ -47,21 +49,25 @@ def _slot_rows(col_idx: torch.Tensor, row_sched: torch.Tensor) -> tuple[torch.Te
     ptr[:, 1:] = torch.cumsum(counts, 1)
     pos = torch.arange(w, device=dev).expand(hl, w).contiguous()
     row = (torch.searchsorted(ptr, pos, right=True) - 1).clamp_(0, nq - 1)
-    return row, pos < ptr[:, -1:]
+    return row, pos < ptr[:, -1:], pos - torch.gather(ptr, 1, row)
 
 
 def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: torch.Tensor, n_kblocks: int,
-                    seq_q: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    seq_q: int, block_m: int, ascending: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The layout's transpose as the backward kernel reads it: (t_q_idx int32 [Hl, W], t_kind uint8 [Hl, W],
-    t_sched int32 [Hl, nk, 4]). Row j of the transpose (key block j) lists, ascending, the query blocks whose row
-    lists j; kinds are carried over, with BOUNDS added on the last query block when seq_q % block_m (its rows past
-    seq_q). t_sched has the forward's packing: (key block, start, end, first query block | kind << 24), heaviest
-    key blocks first (stable). W = col_idx's width (each head's nnz fits). Device ops only, no host sync."""
+    t_sched int32 [Hl, nk, 4], t_rank int32 [Hl, W]). Row j of the transpose (key block j) lists, ascending, the
+    query blocks whose row lists j; kinds are carried over, with BOUNDS added on the last query block when
+    seq_q % block_m (its rows past seq_q); t_rank is each entry's position in its query block's own list. t_sched has
+    the forward's packing: (key block, start, end, first query block | kind << 24), heaviest key blocks first
+    (stable), or in key-block order with ``ascending`` (the deterministic kernel's order: a key block's CTAs start
+    after those of every key block before it). W = col_idx's width (each head's nnz fits). Device ops only, no host
+    sync."""
     hl, w = col_idx.shape
     nq = row_sched.shape[1]
     nk = int(n_kblocks)
     dev = col_idx.device
-    row, valid = _slot_rows(col_idx, row_sched)
+    row, valid, rank = _slot_rows(col_idx, row_sched)
     col = col_idx.long()
     end_key = nk * nq
     key = torch.where(valid, col * nq + row, torch.full_like(col, end_key))
@@ -73,48 +79,52 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
         kind = kind | ((t_q == nq - 1) & svalid).to(torch.uint8) * _BOUNDS
     kind = torch.where(svalid, kind, torch.zeros_like(kind))
     t_q_idx = t_q.to(torch.int32)
-    tcounts = torch.zeros(hl, nk + 1, dtype=torch.long, device=dev)
-    tcounts.scatter_add_(1, torch.where(valid, col, torch.full_like(col, nk)), torch.ones_like(col))
-    tcounts = tcounts[:, :nk]
-    tptr = torch.zeros(hl, nk + 1, dtype=torch.long, device=dev)
-    tptr[:, 1:] = torch.cumsum(tcounts, 1)
-    korder = torch.sort(tcounts, dim=1, descending=True, stable=True).indices
+    t_rank = torch.where(svalid, torch.gather(rank, 1, order), torch.zeros_like(rank)).to(torch.int32)
+    # the sorted keys' columns (nk past the listed ones) give each key block's [start, end) directly
+    tcol = torch.where(svalid, torch.div(skey, nq, rounding_mode="floor"), torch.full_like(skey, nk)).contiguous()
+    tptr = torch.searchsorted(tcol, torch.arange(nk + 1, device=dev).expand(hl, nk + 1).contiguous())
+    tcounts = tptr[:, 1:] - tptr[:, :-1]
+    if ascending:
+        korder = torch.arange(nk, device=dev).expand(hl, nk)
+    else:
+        korder = torch.sort(tcounts, dim=1, descending=True, stable=True).indices
     start = torch.gather(tptr[:, :-1], 1, korder)
     end = torch.gather(tptr[:, 1:], 1, korder)
     packed = t_q_idx.long() | (kind.long() << 24)
     first = torch.where(end > start, torch.gather(packed, 1, start.clamp(max=w - 1)), torch.zeros_like(start))
     t_sched = torch.stack([korder, start, end, first], dim=2).to(torch.int32).contiguous()
-    return t_q_idx.contiguous(), kind.contiguous(), t_sched
+    return t_q_idx.contiguous(), kind.contiguous(), t_sched, t_rank.contiguous()
 
 
 _TCACHE: dict[int, tuple] = {}
 _TCACHE_MAX = 64
 
 
-def _transposed_cached(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m):
+def _transposed_cached(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, ascending=False):
     """transposed_view(), cached by the identity (and version) of the three layout tensors."""
-    facts = (int(n_kblocks), int(seq_q), int(block_m), col_idx._version, block_kind._version, row_sched._version)
-    hit = _TCACHE.get(id(col_idx))
+    facts = (int(n_kblocks), int(seq_q), int(block_m), bool(ascending), col_idx._version, block_kind._version,
+             row_sched._version)
+    hit = _TCACHE.get((id(col_idx), bool(ascending)))
     if hit is not None:
         refs, got_facts, view = hit
         if all(r() is t for r, t in zip(refs, (col_idx, block_kind, row_sched))) and got_facts == facts:
             return view
-    view = transposed_view(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m)
+    view = transposed_view(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, ascending)
     if len(_TCACHE) >= _TCACHE_MAX:
         _TCACHE.pop(next(iter(_TCACHE)))
-    _TCACHE[id(col_idx)] = (tuple(weakref.ref(t) for t in (col_idx, block_kind, row_sched)), facts, view)
+    _TCACHE[(id(col_idx), bool(ascending))] = (tuple(weakref.ref(t) for t in (col_idx, block_kind, row_sched)), facts, view)
     return view
 
 
 # -- configs ---------------------------------------------------------------------------------------------------
 
 @lru_cache(maxsize=None)
-def bwd_config_json(fwd_config_json: str) -> str:
+def bwd_config_json(fwd_config_json: str, deterministic: bool = False) -> str:
     """The backward kernel's config (JSON) for the forward config that produced O and LSE."""
     fwd = KernelConfig.from_json(fwd_config_json)
     if not isinstance(fwd, AttentionConfig):
         raise InvalidConfigError(f"attention backward needs an attn_fwd config, got family {fwd.family!r}")
-    return _family.config_for(fwd.head_dim, fwd.dtype, fwd.block_m, fwd.block_n).to_json()
+    return _family.config_for(fwd.head_dim, fwd.dtype, fwd.block_m, fwd.block_n, deterministic).to_json()
 
 
 @lru_cache(maxsize=None)
@@ -169,12 +179,16 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
             raise InputError(f"{name} strides {t.stride()} (or its address) are not 16-byte aligned for TMA")
     lse = lse.contiguous()
     glse = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
-    t_q_idx, t_kind, t_sched = _transposed_cached(col_idx, block_kind, row_sched, meta[2], Sq, cfg.block_m)
+    det = cfg.deterministic
+    t_q_idx, t_kind, t_sched, t_rank = _transposed_cached(col_idx, block_kind, row_sched, meta[2], Sq,
+                                                          cfg.block_m, ascending=det)
     kernel = _kernel_for(config_json)
 
     sq_pad = (Sq + 3) // 4 * 4            # 16-byte rows for the TMA loads of LSE2 and delta
     ws = torch.empty((2, B, H, sq_pad), dtype=torch.float32, device=q.device)
     dq_acc = torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
+    # deterministic: one turn counter per 64-query dQ tile (zeroed by the launcher)
+    dq_sem = torch.empty((B, H, (Sq + 63) // 64), dtype=torch.int32, device=q.device) if det else None
     dq = torch.empty_like(q)
     gqa = Hkv != H
     dk = torch.empty((B, H, Sk, D), dtype=q.dtype, device=q.device) if gqa else torch.empty_like(k)
@@ -184,7 +198,8 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
             t.fill_(float("nan"))
     fields = _family.launch_args(q=q, k=k, v=v, o=o, do=do, lse=lse, glse=glse, lse2=ws[0], delta=ws[1],
                                  dq_acc=dq_acc, dq=dq, dk=dk, dv=dv, t_q_idx=t_q_idx, t_kind=t_kind,
-                                 t_sched=t_sched, window_left=meta[0], window_right=meta[1], scale=scale)
+                                 t_sched=t_sched, t_rank=t_rank if det else None, dq_sem=dq_sem,
+                                 window_left=meta[0], window_right=meta[1], scale=scale)
     dev = q.device.index
     with torch.cuda.device(dev):
         kernel.launch(torch._C._cuda_getCurrentRawStream(dev), **fields)
@@ -202,7 +217,7 @@ def element_mask(col_idx, block_kind, row_sched, meta, seq_q: int, seq_k: int, b
     """bool [Hl, seq_q, seq_k]: the element mask the op's layout arguments describe (for the dense path)."""
     hl = col_idx.shape[0]
     nq, nk = row_sched.shape[1], int(meta[2])
-    row, valid = _slot_rows(col_idx, row_sched)
+    row, valid, _ = _slot_rows(col_idx, row_sched)
     h = torch.arange(hl, device=col_idx.device).unsqueeze(1).expand_as(row)
     grid = torch.full((hl, nq, nk), -1, dtype=torch.int16, device=col_idx.device)
     grid[h[valid], row[valid], col_idx.long()[valid]] = block_kind[valid].to(torch.int16)
@@ -273,11 +288,15 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grad_o, grad_lse):
+    """dQ, dK, dV through attn_bwd. torch.use_deterministic_algorithms(True) selects the deterministic kernel
+    (bitwise-identical gradients run to run); until sparse_attention takes deterministic= itself, that is the
+    switch."""
     q, k, v, o, lse, col_idx, block_kind, row_sched = ctx.saved_tensors
     if grad_o is None:
         grad_o = torch.zeros_like(o)
+    det = torch.are_deterministic_algorithms_enabled()
     dq, dk, dv = attn_bwd(q, k, v, o, lse, grad_o, grad_lse, col_idx, block_kind, row_sched, ctx.meta, ctx.scale,
-                          bwd_config_json(ctx.config_json))
+                          bwd_config_json(ctx.config_json, det))
     return dq, dk, dv, None, None, None, None, None, None
 
 

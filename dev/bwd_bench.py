@@ -28,13 +28,13 @@ def _inputs(B, H, S, D, dtype, seed=0):
     return [torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g) for _ in range(4)]
 
 
-def _ours(name, layout, B, H, S, D, dtype, causal=False):
+def _ours(name, layout, B, H, S, D, dtype, causal=False, det=False):
     q, k, v, do = _inputs(B, H, S, D, dtype)
     lay = (layout.with_causal() if causal else layout).to("cuda")
     o, lse = bsk.sparse_attention(q, k, v, lay, return_lse=True)
     from blackwell_sparsek.ops import _eager_plan, _meta
     fwd_json, dlay = _eager_plan(lay, None, D, dtype, q.device)
-    bjson = ab.bwd_config_json(fwd_json)
+    bjson = ab.bwd_config_json(fwd_json, det)
     args = (q, k, v, o, lse, do, None, dlay.col_idx, dlay.block_kind, dlay.row_schedule(), _meta(dlay),
             1.0 / math.sqrt(D), bjson)
     ab.attn_bwd(*args)  # builds, caches the view
@@ -42,7 +42,7 @@ def _ours(name, layout, B, H, S, D, dtype, causal=False):
     t = bench(lambda: ab.attn_bwd(*args), warmup_ms=300, rep_ms=300)
     blocks = sum(dlay.nnz_per_head) * (H // dlay.num_heads) * B
     flops = 2.5 * 4 * D * blocks * 128 * 128
-    return dict(case=name, impl="bsk", dtype=str(dtype).split(".")[-1], B=B, H=H, S=S, D=D,
+    return dict(case=name, impl="bsk-det" if det else "bsk", dtype=str(dtype).split(".")[-1], B=B, H=H, S=S, D=D,
                 ms=t.median_ms, tflops=flops / t.median_ms / 1e9, density=dlay.density)
 
 
@@ -75,11 +75,13 @@ def main() -> int:
     topk = L.random_topk(seq_q=S, k=16, seed=0, num_heads=16)
     for dt in (torch.float16, torch.bfloat16):
         rows.append(_ours("topk25_d128", topk, 2, 16, S, 128, dt))
+    rows.append(_ours("topk25_d128", topk, 2, 16, S, 128, torch.float16, det=True))
     if not a.quick:
         rows.append(_ours("topk25_d64", L.random_topk(seq_q=S, k=16, seed=0, num_heads=8), 1, 8, S, 64,
                           torch.float16))
         dense = L.dense(S)
         rows.append(_ours("dense_d128", dense, 4, 16, S, 128, torch.float16))
+        rows.append(_ours("dense_d128", dense, 4, 16, S, 128, torch.float16, det=True))
         rows.append(_sdpa("dense_d128", 4, 16, S, 128, torch.float16, False, 64 * 64))
         rows.append(_ours("causal_d128", dense, 4, 16, S, 128, torch.float16, causal=True))
         rows.append(_sdpa("causal_d128", 4, 16, S, 128, torch.float16, True, 64 * 65 // 2))

@@ -37,14 +37,14 @@ def test_family_registered_and_round_trips():
 
 def test_named_configs_valid_and_named_by_kernel():
     named = fam.named_configs()
-    assert len(named) == 4
+    assert len(named) == 8
     facts = set()
     for stem, cfg in named.items():
         assert cfg.problems() == []
         assert stem == cfg.config_name and cfg.kernel_name.startswith(stem + "_")
         assert re.fullmatch(r"[0-9a-f]{12}", cfg.kernel_name[len(stem) + 1:])
-        facts.add((cfg.head_dim, cfg.dtype))
-    assert facts == {(d, t) for d in (64, 128) for t in (DType.FP16, DType.BF16)}
+        facts.add((cfg.head_dim, cfg.dtype, cfg.deterministic))
+    assert facts == {(d, t, det) for d in (64, 128) for t in (DType.FP16, DType.BF16) for det in (False, True)}
     assert len({c.kernel_name for c in named.values()}) == len(named)
 
 
@@ -70,6 +70,17 @@ def test_invalid_configs_name_the_fix(change, words):
 def test_integer_fields_are_ints(field, value):
     with pytest.raises(InvalidConfigError, match=f"{field} must be an int"):
         AttnBwdConfig(**{field: value})
+
+
+def test_deterministic_is_its_own_kernel():
+    fast, det = AttnBwdConfig(), AttnBwdConfig(deterministic=True)
+    assert det.kernel_name != fast.kernel_name and "_b128x128_det_" in det.kernel_name
+    assert "/*Deterministic=*/true" in render(det) and "/*Deterministic=*/false" in render(fast)
+    assert fam.config_for(128, DType.FP16, 128, 128, True) == det
+    with pytest.raises(InvalidConfigError, match="deterministic must be a bool"):
+        AttnBwdConfig(deterministic=1)
+    fwd = AttentionConfig(head_dim=128, tile_n=64, stages=2).to_json()
+    assert AttnBwdConfig.from_json(ab.bwd_config_json(fwd, True)).deterministic
 
 
 def test_smem_fits_and_config_for():
@@ -120,20 +131,22 @@ def test_abi_struct_launch_args_and_ctypes_agree():
     k = torch.zeros(B, Hkv, Sk, D, dtype=torch.float16)
     lay = BlockSparseLayout.random_topk(Sq, 1, seq_k=Sk, num_heads=H)
     t = ab.transposed_view(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, Sq, 128)
+    assert len(t) == 4
     ws = torch.zeros(2, B, H, 104)
     f = fam.launch_args(q=q, k=k, v=k, o=q, do=q, lse=torch.zeros(B, H, Sq), glse=None, lse2=ws[0], delta=ws[1],
                         dq_acc=torch.zeros(B, H, Sq, D), dq=q, dk=q, dv=q, t_q_idx=t[0], t_kind=t[1],
-                        t_sched=t[2], window_left=-1, window_right=0, scale=0.125)
+                        t_sched=t[2], t_rank=None, dq_sem=None, window_left=-1, window_right=0, scale=0.125)
     assert list(f) == names
     assert (f["heads_kv"], f["seq_k"], f["ws_stride_h"], f["n_kblocks"], f["layout_heads"]) == (2, 70, 104, 1, 4)
-    assert f["glse"] is None
+    assert f["glse"] is None and f["t_rank"] is None and f["dq_sem"] is None
     st = runtime.args_struct(abi)
     assert [x[0] for x in st._fields_] == names
     assert ctypes_size_of(st) == sum(8 if ("*" in c or "long" in c) else 4 for _, c in abi)
     with pytest.raises(InvalidConfigError, match="one stride pair"):
         fam.launch_args(**{**dict(q=q, k=k, v=k, o=q, do=q, lse=torch.zeros(B, H, Sq), glse=None),
                            "lse2": ws[0], "delta": torch.zeros(B, H, Sq), "dq_acc": q, "dq": q, "dk": q, "dv": q,
-                           "t_q_idx": t[0], "t_kind": t[1], "t_sched": t[2], "window_left": -1,
+                           "t_q_idx": t[0], "t_kind": t[1], "t_sched": t[2], "t_rank": None, "dq_sem": None,
+                           "window_left": -1,
                            "window_right": -1, "scale": 1.0})
 
 
@@ -157,11 +170,12 @@ def _layouts():
     }
 
 
+@pytest.mark.parametrize("ascending", [False, True], ids=["heaviest_first", "ascending"])
 @pytest.mark.parametrize("name", sorted(_layouts()))
-def test_transposed_view_matches_the_layout_csc(name):
+def test_transposed_view_matches_the_layout_csc(name, ascending):
     lay = _layouts()[name]
-    t_q, t_kind, t_sched = ab.transposed_view(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks,
-                                              lay.seq_q, lay.block_m)
+    t_q, t_kind, t_sched, t_rank = ab.transposed_view(lay.col_idx, lay.block_kind, lay.row_schedule(),
+                                                      lay.n_kblocks, lay.seq_q, lay.block_m, ascending)
     csc = lay.transpose()
     hl, nk, nq = lay.num_heads, lay.n_kblocks, lay.n_qblocks
     assert t_q.dtype == torch.int32 and t_kind.dtype == torch.uint8 and t_sched.dtype == torch.int32
@@ -178,13 +192,19 @@ def test_transposed_view_matches_the_layout_csc(name):
             if partial_q:
                 want[csc.row_idx[h, a:b] == nq - 1] |= BOUNDS
             assert t_kind[h, start:end].tolist() == want.tolist()
+            for r, rk in zip(t_q[h, start:end].tolist(), t_rank[h, start:end].tolist()):
+                row = lay.col_idx[h, lay.row_ptr[h, r]:lay.row_ptr[h, r + 1]].tolist()
+                assert row[rk] == kb  # this key block's position in the query block's own list
             if end > start:
                 assert first == t_q[h, start].item() | (t_kind[h, start].item() << 24)
             else:
                 assert first == 0
             counts.append(end - start)
         assert seen == set(range(nk))
-        assert counts == sorted(counts, reverse=True)  # heaviest key blocks first
+        if ascending:  # the deterministic kernel's order
+            assert t_sched[h, :, 0].tolist() == list(range(nk))
+        else:
+            assert counts == sorted(counts, reverse=True)  # heaviest key blocks first
         assert sum(counts) == lay.nnz_per_head[h]
 
 

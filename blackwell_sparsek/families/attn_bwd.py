@@ -36,6 +36,9 @@ class AttnBwdConfig(KernelConfig):
     block_m: int = 128
     block_n: int = 128
     arch: Arch = Arch.SM90A
+    # dQ contributions added in one fixed order (bitwise-identical gradients run to run); else unordered fp32
+    # TMA reduce-adds. The deterministic kernel needs the transposed schedule in ascending key-block order.
+    deterministic: bool = False
 
     family: ClassVar[str] = "attn_bwd"
     template: ClassVar[str] = "attn_bwd.cu.j2"
@@ -46,6 +49,7 @@ class AttnBwdConfig(KernelConfig):
         ("lse2", "float*"), ("delta", "float*"), ("dq_acc", "float*"),
         ("dq", "void*"), ("dk", "void*"), ("dv", "void*"),
         ("t_q_idx", "const int*"), ("t_kind", "const unsigned char*"), ("t_sched", "const int*"),
+        ("t_rank", "const int*"), ("dq_sem", "int*"),
         ("batch", "int"), ("heads", "int"), ("heads_kv", "int"),
         ("seq_q", "int"), ("seq_k", "int"), ("head_dim", "int"),
         ("q_stride_b", "long long"), ("q_stride_h", "long long"), ("q_stride_s", "long long"),
@@ -70,9 +74,13 @@ class AttnBwdConfig(KernelConfig):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidConfigError(f"{name} must be an int, got {v!r}")
+        if not isinstance(self.deterministic, bool):
+            raise InvalidConfigError(f"deterministic must be a bool, got {self.deterministic!r}")
 
     def name_facts(self) -> str:
-        return f"d{self.head_dim}_{self.dtype.value}_t{self.tile_m}x{self.tile_n}_b{self.block_m}x{self.block_n}"
+        det = "_det" if self.deterministic else ""
+        return (f"d{self.head_dim}_{self.dtype.value}_t{self.tile_m}x{self.tile_n}_b{self.block_m}x{self.block_n}"
+                f"{det}")
 
     def smem_bytes(self) -> int:
         """Shared memory of one CTA, bytes; mirrors example 88's backward SharedStorage: K/V (4 stages of 64 keys),
@@ -119,6 +127,7 @@ class AttnBwdConfig(KernelConfig):
             "head_dim": self.head_dim,
             "block_m": self.block_m,
             "block_n": self.block_n,
+            "deterministic": self.deterministic,
         }
 
 
@@ -130,18 +139,21 @@ def named_configs() -> dict[str, "AttnBwdConfig"]:
     return {n: c for n, c in load_named_configs().items() if isinstance(c, AttnBwdConfig)}
 
 
-def config_for(head_dim: int, dtype: DType, block_m: int, block_n: int) -> AttnBwdConfig:
+def config_for(head_dim: int, dtype: DType, block_m: int, block_n: int, deterministic: bool = False
+               ) -> AttnBwdConfig:
     """The backward config for these facts: a named one when it matches, else derived; InvalidConfigError (naming
     the fix) when no backward kernel serves them."""
-    return _config_for(int(head_dim), enum_from(DType, dtype), int(block_m), int(block_n))
+    return _config_for(int(head_dim), enum_from(DType, dtype), int(block_m), int(block_n), bool(deterministic))
 
 
 @lru_cache(maxsize=None)
-def _config_for(head_dim: int, dtype: DType, block_m: int, block_n: int) -> AttnBwdConfig:
+def _config_for(head_dim: int, dtype: DType, block_m: int, block_n: int, deterministic: bool) -> AttnBwdConfig:
+    facts = (head_dim, dtype, block_m, block_n, deterministic)
     for cfg in named_configs().values():
-        if (cfg.head_dim, cfg.dtype, cfg.block_m, cfg.block_n) == (head_dim, dtype, block_m, block_n):
+        if (cfg.head_dim, cfg.dtype, cfg.block_m, cfg.block_n, cfg.deterministic) == facts:
             return cfg
-    cfg = AttnBwdConfig(head_dim=head_dim, dtype=dtype, block_m=block_m, block_n=block_n)
+    cfg = AttnBwdConfig(head_dim=head_dim, dtype=dtype, block_m=block_m, block_n=block_n,
+                        deterministic=deterministic)
     probs = cfg.problems()
     if probs:
         raise InvalidConfigError(
@@ -152,15 +164,17 @@ def _config_for(head_dim: int, dtype: DType, block_m: int, block_n: int) -> Attn
 
 # -- launch arguments: the one place the ABI struct is filled from tensors --------------------------------------
 
-def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t_q_idx, t_kind, t_sched,
-                window_left: int, window_right: int, scale: float) -> dict[str, Any]:
+def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t_q_idx, t_kind, t_sched, t_rank,
+                dq_sem, window_left: int, window_right: int, scale: float) -> dict[str, Any]:
     """Keyword fields of the ABI struct, in ABI order.
 
     q, o, do, dq: (B, H, Sq, D); k, v: (B, Hkv, Sk, D); dk, dv: (B, H, Sk, D) per query head (the caller sums a
     K/V head's query heads for GQA); lse (and glse, the LSE's upstream gradient, or None): (B, H, Sq) fp32 with
     unit sequence stride; lse2, delta: the kernel's workspace rows (B, H, >= Sq), fp32, one layout, unit sequence
     stride, 16-byte aligned rows; dq_acc: (B, H, Sq, D) fp32 contiguous (the launcher zeroes it); t_*: the
-    transposed layout (query blocks per key block) and its schedule [Hl, nk, 4]."""
+    transposed layout (query blocks per key block) and its schedule [Hl, nk, 4]; deterministic kernels also take
+    t_rank (each entry's position in its query block's list) and dq_sem (int32, B * H * ceil(Sq / 64), zeroed by
+    the launcher); the others take None for both."""
     B, H, Sq, D = q.shape
     if glse is not None and glse.stride() != lse.stride():
         raise InvalidConfigError("glse must have lse's strides (the kernel takes one stride pair for both)")
@@ -174,6 +188,8 @@ def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t
         lse2=lse2.data_ptr(), delta=delta.data_ptr(), dq_acc=dq_acc.data_ptr(),
         dq=dq.data_ptr(), dk=dk.data_ptr(), dv=dv.data_ptr(),
         t_q_idx=t_q_idx.data_ptr(), t_kind=t_kind.data_ptr(), t_sched=t_sched.data_ptr(),
+        t_rank=t_rank.data_ptr() if t_rank is not None else None,
+        dq_sem=dq_sem.data_ptr() if dq_sem is not None else None,
         batch=B, heads=H, heads_kv=k.shape[1], seq_q=Sq, seq_k=k.shape[2], head_dim=D,
         q_stride_b=qs[0], q_stride_h=qs[1], q_stride_s=qs[2],
         k_stride_b=ks[0], k_stride_h=ks[1], k_stride_s=ks[2],

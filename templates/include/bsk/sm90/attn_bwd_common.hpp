@@ -39,12 +39,17 @@ struct TLayoutParams {
   int group;               // query heads per K/V head (GQA)
   int window_left;         // element rule, -1 = unbounded
   int window_right;
+  // Deterministic mode only (else null / 0):
+  const int* rank;         // same shape as q_idx: this key block's position in the query block's own list
+  int* sem;                // [B][H][n_qtiles]: contributions added so far to each 64-query dQ tile (zeroed)
+  int n_qtiles;            // ceil(seq_q / 64)
 };
 
 // One key block's list of query blocks: the pointers, the count, and block 0 packed (column | kind << 24).
 struct TColumn {
   const int* q_idx;
   const uint8_t* kind;
+  const int* rank;
   int count;
   int first;
 };
@@ -86,7 +91,27 @@ CUTLASS_DEVICE TColumn column_of(BlkCoord const& blk_coord, TLayoutParams const&
   int lh = l.layout_heads == 1 ? 0 : h;
   int start = get<3, 0>(blk_coord);
   size_t base = size_t(lh) * l.col_stride + start;
-  return TColumn{l.q_idx + base, l.kind + base, get<3, 1>(blk_coord) - start, get<3, 2>(blk_coord)};
+  return TColumn{l.q_idx + base, l.kind + base, l.rank != nullptr ? l.rank + base : nullptr,
+                 get<3, 1>(blk_coord) - start, get<3, 2>(blk_coord)};
+}
+
+// Deterministic dQ: the contributions to one dQ tile are added in the order of the query block's own list of key
+// blocks (ascending key block). A contributor waits until the tile's counter equals its rank, adds, waits until its
+// TMA reduce has completed (writes, not only the shared-memory read), and bumps the counter with release
+// semantics. Proxy fences order the generic-proxy counter against the async-proxy (TMA) global accesses.
+CUTLASS_DEVICE void wait_turn(int const* sem, int rank) {
+  int v;
+  do {
+    asm volatile("ld.global.acquire.gpu.b32 %0, [%1];" : "=r"(v) : "l"(sem) : "memory");
+  } while (v != rank);
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+CUTLASS_DEVICE void pass_turn(int* sem) {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;" : : "l"(sem) : "memory");
 }
 
 // Element mask of one S^T tile (keys x queries), only on blocks whose kind is not FULL: sequence ends (keys past

@@ -22,16 +22,17 @@ namespace bsk::bwd {
 
 namespace fmha_k = cutlass::fmha::kernel;
 
-template <class Element_, int HeadDim, int BlockM, int BlockN>
+template <class Element_, int HeadDim, int BlockM, int BlockN, bool Deterministic>
 struct AttnBwdTraits {
   using Element = Element_;
-  using Mainloop = BwdMainloop<Element, HeadDim, BlockM, BlockN>;
+  using Mainloop = BwdMainloop<Element, HeadDim, BlockM, BlockN, Deterministic>;
   using Epilogue = fmha_c::FmhaBwdEpilogueKV<Element, float, typename Mainloop::TileShapePV>;
   using Kernel = fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BwdTileScheduler>;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kBlockM = BlockM;
   static constexpr int kBlockN = BlockN;
   static constexpr int kTilesPerCol = BlockN / Mainloop::kTileK;
+  static constexpr bool kDeterministic = Deterministic;
 
   // One CTA per tile (not persistent): the epilogue's buffers share shared memory with the mainloop's, from
   // offset 0. The MMA warpgroups meet at a named barrier once all their GEMMs are done (end of compute()), so
@@ -78,7 +79,8 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   if (a.head_dim != Traits::kHeadDim) return kErrBadHeadDim;
   if (a.batch <= 0 || a.heads <= 0 || a.heads_kv <= 0 || a.heads % a.heads_kv != 0 || a.seq_q <= 0 ||
       a.seq_k <= 0 || a.n_kblocks <= 0 || (long long)a.n_kblocks * Traits::kBlockN < a.seq_k ||
-      (a.layout_heads != 1 && a.layout_heads != a.heads))
+      (a.layout_heads != 1 && a.layout_heads != a.heads) ||
+      (Traits::kDeterministic && (a.t_rank == nullptr || a.dq_sem == nullptr)))
     return kErrBadShape;
   long long strides[] = {a.q_stride_b,  a.q_stride_h,  a.q_stride_s,  a.k_stride_b,   a.k_stride_h,
                          a.k_stride_s,  a.v_stride_b,  a.v_stride_h,  a.v_stride_s,   a.o_stride_b,
@@ -96,8 +98,11 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   auto qkv = [](long long sb, long long sh, long long ss) {
     return StrideQKV{int(ss), _1{}, make_tuple(int(sb), int(sh))};
   };
+  int n_qtiles = (a.seq_q + Mainloop::kTileQ - 1) / Mainloop::kTileQ;
   TLayoutParams lay{a.t_q_idx, a.t_kind, a.layout_heads, a.col_stride, a.heads_kv, a.heads / a.heads_kv,
-                    a.window_left, a.window_right};
+                    a.window_left, a.window_right,
+                    Traits::kDeterministic ? a.t_rank : nullptr, Traits::kDeterministic ? a.dq_sem : nullptr,
+                    n_qtiles};
   typename Mainloop::Arguments margs{
       static_cast<const Element*>(a.q),  qkv(a.q_stride_b, a.q_stride_h, a.q_stride_s),
       static_cast<const Element*>(a.k),  qkv(a.k_stride_b, a.k_stride_h, a.k_stride_s),
@@ -138,6 +143,10 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   long long rows = (long long)a.batch * a.heads * a.seq_q;
   err = cudaMemsetAsync(a.dq_acc, 0, size_t(rows) * a.head_dim * sizeof(float), stream);
   if (err != cudaSuccess) return int(err);
+  if (Traits::kDeterministic) {
+    err = cudaMemsetAsync(a.dq_sem, 0, size_t(a.batch) * a.heads * n_qtiles * sizeof(int), stream);
+    if (err != cudaSuccess) return int(err);
+  }
 
   PrepParams pp{a.o, a.do_, a.lse, a.glse, a.lse2, a.delta,
                 a.o_stride_b, a.o_stride_h, a.o_stride_s, a.do_stride_b, a.do_stride_h, a.do_stride_s,

@@ -28,7 +28,7 @@ namespace fmha_c = cutlass::fmha::collective;
 // Named barrier (CUTLASS user id; NamedBarrier adds the reserved count): both MMA warpgroups done with the mainloop.
 enum : uint32_t { kBarMmaDone = 0 };
 
-template <class Element, int HeadDim, int BlockM, int BlockN>
+template <class Element, int HeadDim, int BlockM, int BlockN, bool Deterministic>
 struct BwdMainloop
     : fmha_c::FmhaBwdMainloopTmaWarpSpecialized<Element, float, Shape<_64, _128, Int<HeadDim>>,
                                                 fmha_c::DefaultFusion> {
@@ -74,6 +74,7 @@ struct BwdMainloop
   static constexpr int kTileQ = 64;                  // queries per inner step
   static constexpr int kTileK = 128;                 // keys per CTA
   static constexpr int kTilesPerBlockM = BlockM / kTileQ;
+  static constexpr int kTilesPerBlockN = BlockN / kTileK;
 
   using StrideQKV = cute::tuple<int, _1, cute::tuple<int, int>>;  // (seq, head_dim, (batch, head))
 
@@ -202,7 +203,8 @@ struct BwdMainloop
 
   // Reducer warp: each 64-query dQ tile the MMA warpgroups leave in shared memory goes to the fp32 accumulator by
   // TMA reduce-add. A buffer is handed back only once its reduce has read it (bulk wait_group.read 1 after the
-  // next issue), so at most one reduce is in flight while the warpgroups fill the other buffer.
+  // next issue), so at most one reduce is in flight while the warpgroups fill the other buffer. Deterministic:
+  // each add waits for its turn on the tile's counter (wait_turn / pass_turn), so fp32 sums run in one order.
   template <class BlkCoord, class PipelineReducer, class StateReducer>
   CUTLASS_DEVICE void reduce(BlkCoord const& blk_coord, Params const& params, ProblemShape const& problem_size,
                              PipelineReducer& pipeline_reducer, StateReducer& smem_pipe_read_reducer,
@@ -220,6 +222,30 @@ struct BwdMainloop
     Tensor tDQgDQ = block_tma.partition_D(gDQ);
 
     TCursor cursor{col};
+    if constexpr (Deterministic) {
+      int* sem_bh = params.lay.sem + (size_t(get<2, 0>(blk_coord)) * get<1>(problem_size) + get<2, 1>(blk_coord)) *
+                                         params.lay.n_qtiles;
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int i = 0; i < n_inner; ++i) {
+        int qb, kind;
+        cursor.at(i / kTilesPerBlockM, qb, kind);
+        int q_tile = qb * kTilesPerBlockM + i % kTilesPerBlockM;
+        // A key block of BlockN keys is BlockN / 128 CTAs: they take consecutive turns.
+        int rank = __ldg(col.rank + i / kTilesPerBlockM) * kTilesPerBlockN +
+                   int(get<1>(blk_coord)) % kTilesPerBlockN;
+        pipeline_reducer.consumer_wait(smem_pipe_read_reducer);
+        if (lane_predicate) {
+          wait_turn(sem_bh + q_tile, rank);
+          copy(params.tma_red_dq, tDQsDQ(_, _, _, smem_pipe_read_reducer.index()), tDQgDQ(_, _, _, q_tile));
+          tma_store_arrive();
+          pass_turn(sem_bh + q_tile);  // the reduce has completed: its buffer is free too
+        }
+        __syncwarp();
+        pipeline_reducer.consumer_release(smem_pipe_read_reducer);
+        ++smem_pipe_read_reducer;
+      }
+      return;
+    }
     StateReducer release = smem_pipe_read_reducer;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int i = 0; i < n_inner; ++i) {

@@ -40,10 +40,26 @@ def _ours(name, layout, B, H, S, D, dtype, causal=False, det=False):
     ab.attn_bwd(*args)  # builds, caches the view
     torch.cuda.synchronize()
     t = bench(lambda: ab.attn_bwd(*args), warmup_ms=300, rep_ms=300)
+    if name == "topk25_d128" and dtype == torch.float16 and not det:
+        _breakdown(lambda: ab.attn_bwd(*args))
     blocks = sum(dlay.nnz_per_head) * (H // dlay.num_heads) * B
     flops = 2.5 * 4 * D * blocks * 128 * 128
     return dict(case=name, impl="bsk-det" if det else "bsk", dtype=str(dtype).split(".")[-1], B=B, H=H, S=S, D=D,
                 ms=t.median_ms, tflops=flops / t.median_ms / 1e9, density=dlay.density)
+
+
+def _breakdown(fn, n: int = 20) -> None:
+    """Mean GPU time per kernel (and memset) of one backward call, from the torch profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    def dev_us(e):
+        return getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0) or 0
+    rows = [(e.key, dev_us(e) / n) for e in prof.key_averages() if dev_us(e) > 0]
+    for key, us in sorted(rows, key=lambda r: -r[1])[:8]:
+        print(f"  breakdown  {us:9.1f} us  {key[:90]}", file=sys.stderr)
 
 
 def _sdpa(name, B, H, S, D, dtype, causal, density_blocks):

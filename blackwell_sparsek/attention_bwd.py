@@ -287,14 +287,21 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.config_json = config_json
 
 
+def deterministic_from_meta(meta) -> bool:
+    """The backward's mode: meta[4] when the forward got one (1 deterministic, 0 fast; -1 or absent: follow
+    torch.use_deterministic_algorithms). The forward kernel reads meta[0:4] only."""
+    if len(meta) > 4 and meta[4] >= 0:
+        return bool(meta[4])
+    return torch.are_deterministic_algorithms_enabled()
+
+
 def _backward(ctx, grad_o, grad_lse):
-    """dQ, dK, dV through attn_bwd. torch.use_deterministic_algorithms(True) selects the deterministic kernel
-    (bitwise-identical gradients run to run); until sparse_attention takes deterministic= itself, that is the
-    switch."""
+    """dQ, dK, dV through attn_bwd; the deterministic kernel (bitwise-identical gradients run to run) when
+    deterministic_from_meta says so."""
     q, k, v, o, lse, col_idx, block_kind, row_sched = ctx.saved_tensors
     if grad_o is None:
         grad_o = torch.zeros_like(o)
-    det = torch.are_deterministic_algorithms_enabled()
+    det = deterministic_from_meta(ctx.meta)
     dq, dk, dv = attn_bwd(q, k, v, o, lse, grad_o, grad_lse, col_idx, block_kind, row_sched, ctx.meta, ctx.scale,
                           bwd_config_json(ctx.config_json, det))
     return dq, dk, dv, None, None, None, None, None, None
@@ -303,4 +310,4 @@ def _backward(ctx, grad_o, grad_lse):
 torch.library.register_autograd("blackwell_sparsek::attn_fwd", _backward, setup_context=_setup_context)
 
 
-__all__ = ["attn_bwd", "transposed_view", "element_mask", "bwd_config_json"]
+__all__ = ["attn_bwd", "transposed_view", "element_mask", "bwd_config_json", "deterministic_from_meta"]

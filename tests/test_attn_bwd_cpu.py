@@ -83,6 +83,19 @@ def test_deterministic_is_its_own_kernel():
     assert AttnBwdConfig.from_json(ab.bwd_config_json(fwd, True)).deterministic
 
 
+def test_deterministic_from_meta():
+    assert ab.deterministic_from_meta([-1, 0, 4, 1, 1]) is True
+    assert ab.deterministic_from_meta([-1, 0, 4, 1, 0]) is False
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        assert ab.deterministic_from_meta([-1, 0, 4, 1]) is True
+        assert ab.deterministic_from_meta([-1, 0, 4, 1, -1]) is True
+        assert ab.deterministic_from_meta([-1, 0, 4, 1, 0]) is False
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert ab.deterministic_from_meta([-1, 0, 4, 1]) is False
+
+
 def test_smem_fits_and_config_for():
     for d in (64, 128):
         assert AttnBwdConfig(head_dim=d).smem_bytes() <= 232448

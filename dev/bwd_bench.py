@@ -4,8 +4,9 @@
 
 Backward alone = the blackwell_sparsek::attn_bwd op on a finished forward (prep + main kernel + dQ convert, as the
 autograd backward runs it; the transposed layout view cached, as in training). Effective TFLOPS count listed
-blocks only: 2.5 * 4 * B * H * D * (listed blocks * 128 * 128) / time (ANCHORS.md). Peers in the same run: SDPA
-(cuDNN, dense / causal) backward where the case is dense. do_bench-style medians (bench.timing.bench).
+blocks only: 2.5 * 4 * B * H * D * (listed blocks * 128 * 128) / time (ANCHORS.md); forward + backward through
+torch.autograd counts 3.5x. Peers in the same run: SDPA (cuDNN, dense / causal) backward where the case is dense.
+do_bench-style medians (bench.timing.bench).
 """
 from __future__ import annotations
 
@@ -46,6 +47,21 @@ def _ours(name, layout, B, H, S, D, dtype, causal=False, det=False):
     flops = 2.5 * 4 * D * blocks * 128 * 128
     return dict(case=name, impl="bsk-det" if det else "bsk", dtype=str(dtype).split(".")[-1], B=B, H=H, S=S, D=D,
                 ms=t.median_ms, tflops=flops / t.median_ms / 1e9, density=dlay.density)
+
+
+def _fwd_bwd(name, layout, B, H, S, D, dtype):
+    """Forward + backward through torch.autograd (sparse_attention eager), 3.5x the forward's count."""
+    q, k, v, do = _inputs(B, H, S, D, dtype, seed=2)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    lay = layout.to("cuda")
+    fn = lambda: torch.autograd.grad(bsk.sparse_attention(q, k, v, lay), (q, k, v), do)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    t = bench(fn, warmup_ms=300, rep_ms=300)
+    blocks = sum(lay.nnz_per_head) * (H // lay.num_heads) * B
+    flops = 3.5 * 4 * D * blocks * 128 * 128
+    return dict(case=name, impl="bsk fwd+bwd", dtype=str(dtype).split(".")[-1], B=B, H=H, S=S, D=D,
+                ms=t.median_ms, tflops=flops / t.median_ms / 1e9, density=lay.density)
 
 
 def _breakdown(fn, n: int = 20) -> None:
@@ -92,6 +108,7 @@ def main() -> int:
     for dt in (torch.float16, torch.bfloat16):
         rows.append(_ours("topk25_d128", topk, 2, 16, S, 128, dt))
     rows.append(_ours("topk25_d128", topk, 2, 16, S, 128, torch.float16, det=True))
+    rows.append(_fwd_bwd("topk25_d128", topk, 2, 16, S, 128, torch.float16))
     if not a.quick:
         rows.append(_ours("topk25_d64", L.random_topk(seq_q=S, k=16, seed=0, num_heads=8), 1, 8, S, 64,
                           torch.float16))
@@ -105,11 +122,11 @@ def main() -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-    print(f"\n{torch.cuda.get_device_name()}  backward alone (prep + main + dQ convert), do_bench medians")
-    print(f"{'case':<14}{'impl':<12}{'dtype':<10}{'B,H,S,D':<18}{'ms':>9}{'eff TFLOPS':>12}")
+    print(f"\n{torch.cuda.get_device_name()}  backward alone (prep + main + dQ convert) unless fwd+bwd, medians")
+    print(f"{'case':<14}{'impl':<14}{'dtype':<10}{'B,H,S,D':<18}{'ms':>9}{'eff TFLOPS':>12}")
     for r in rows:
         shape = f"{r['B']},{r['H']},{r['S']},{r['D']}"
-        print(f"{r['case']:<14}{r['impl']:<12}{r['dtype']:<10}{shape:<18}{r['ms']:>9.3f}{r['tflops']:>12.1f}")
+        print(f"{r['case']:<14}{r['impl']:<14}{r['dtype']:<10}{shape:<18}{r['ms']:>9.3f}{r['tflops']:>12.1f}")
     return 0
 
 

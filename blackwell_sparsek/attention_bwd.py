@@ -58,7 +58,9 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     """The layout's transpose as the backward kernel reads it: (t_q_idx int32 [Hl, W], t_kind uint8 [Hl, W],
     t_sched int32 [Hl, nk, 4], t_rank int32 [Hl, W]). Row j of the transpose (key block j) lists, ascending, the
     query blocks whose row lists j; kinds are carried over, with BOUNDS added on the last query block when
-    seq_q % block_m (its rows past seq_q); t_rank is each entry's position in its query block's own list. t_sched has
+    seq_q % block_m (its rows past seq_q): BlockSparseLayout.transpose()'s col_idx, block_kind and row_schedule()
+    plus the forward's key-end BOUNDS bits (the kernel masks keys past seq_k as well; unmasked, S = 0 there and
+    P = 2^-LSE2 overflows once LSE < -88). t_rank is each entry's position in its query block's own list. t_sched has
     the forward's packing: (key block, start, end, first query block | kind << 24), heaviest key blocks first
     (stable), or in key-block order with ``ascending`` (the deterministic kernel's order: a key block's CTAs start
     after those of every key block before it). W = col_idx's width (each head's nnz fits). Device ops only, no host

@@ -22,6 +22,7 @@ from .errors import (  # noqa: E402
     ToolchainError,
     UnsafeCacheError,
 )
+from . import families  # noqa: E402,F401 - registers every kernel family
 from .families.attn_fwd import AttentionConfig, Schedule  # noqa: E402
 from .jit.spec import (  # noqa: E402
     Arch,

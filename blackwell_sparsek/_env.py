@@ -6,10 +6,12 @@ documentation cannot drift from what the code reads.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shlex
 from dataclasses import dataclass
+from typing import Iterator
 from pathlib import Path
 
 from .errors import EnvError
@@ -27,19 +29,19 @@ class Var:
 
 
 VARS: tuple[Var, ...] = (
-    Var("BSK_CACHE_DIR", "path", "~/.cache/blackwell_sparsek",
-        "kernel cache root (private to you: created 0700, refused if others can write to it)"),
-    Var("BSK_NVCC", "path", "$CUDA_HOME/bin/nvcc, then PATH", "nvcc to compile with"),
-    Var("BSK_CUTLASS_DIR", "path", "the nvidia-cutlass wheel", "a CUTLASS source tree to compile against"),
-    Var("BSK_NVCC_FLAGS", "words", "(none)", "extra nvcc flags, shell-quoted (part of the cache key)"),
-    Var("BSK_LINEINFO", "flag", "0", "compile with -lineinfo (source lines in profilers)"),
-    Var("BSK_DISABLE_JIT", "flag", "0", "never compile: a kernel missing from the cache raises JitDisabledError"),
-    Var("BSK_VERBOSE", "flag", "0", "print the nvcc command and build progress even off a terminal"),
+    Var("BSK_CACHE_DIR", "path", "`~/.cache/blackwell_sparsek`",
+        "kernel cache root; must be private to you (see Security)"),
+    Var("BSK_NVCC", "path", "`$CUDA_HOME/bin/nvcc`, `nvcc` on `PATH`", "the nvcc to compile with"),
+    Var("BSK_CUTLASS_DIR", "path", "the `nvidia-cutlass` wheel", "a CUTLASS source tree to compile against"),
+    Var("BSK_NVCC_FLAGS", "words", "none", "extra nvcc flags, shell-quoted (part of the cache key)"),
+    Var("BSK_LINEINFO", "flag", "off", "compile with `-lineinfo` for source-level profiling (part of the key)"),
+    Var("BSK_DISABLE_JIT", "flag", "off", "never compile: a kernel missing from the cache raises `JitDisabledError`"),
+    Var("BSK_VERBOSE", "flag", "off", "print the nvcc command and a progress line, even off a terminal"),
     Var("BSK_LOCK_TIMEOUT", "float", "900",
-        "seconds to wait for another process's build of the same kernel (>= 0)"),
-    Var("BSK_POISON", "flag", "0", "fill outputs with NaN before every kernel launch (testing)"),
-    Var("BSK_EX88_BIN", "path", "(built into the cache)", "a CUTLASS example 88 binary for compare-88"),
-    Var("BSK_NCU", "path", "ncu on PATH", "Nsight Compute for `profile`"),
+        "seconds (>= 0) to wait for another process's build of the same kernel"),
+    Var("BSK_POISON", "flag", "off", "fill outputs with NaN before each launch (tests: a skipped write shows)"),
+    Var("BSK_EX88_BIN", "path", "built into the cache", "a CUTLASS example 88 binary for `compare-88` / `bench`"),
+    Var("BSK_NCU", "path", "`ncu` on `PATH`", "the Nsight Compute that `profile` runs"),
 )
 _BY_NAME = {v.name: v for v in VARS}
 _TRUTHY_HELP = f"one of {', '.join(_TRUE)} (on) or {', '.join(repr(x) for x in _FALSE)} (off)"
@@ -99,13 +101,29 @@ def lock_timeout() -> float:
     return value
 
 
+@contextlib.contextmanager
+def override(name: str, value: str) -> Iterator[None]:
+    """Set a BSK_* variable for the duration of a block (the bench's poisoned checks), then restore it."""
+    _raw(name)
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
 def snapshot() -> dict[str, str]:
     """The BSK_* variables set in this process, for `info` and build keys of in-process memos."""
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith("BSK_")}
 
 
 def markdown_table() -> str:
-    """The README's table of environment variables."""
+    """The README's table of environment variables (tests/test_docs.py holds the README to it). Switches take
+    1/true/yes/on and 0/false/no/off."""
     rows = ["| variable | default | effect |", "|---|---|---|"]
     rows += [f"| `{v.name}` | {v.default} | {v.doc} |" for v in VARS]
     return "\n".join(rows)

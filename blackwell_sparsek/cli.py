@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Sequence
 
-from . import __version__
+from . import __version__, _env
 from .errors import BskError
 
 FORWARDED = ("bench", "compare-88", "profile")
@@ -177,7 +177,7 @@ def cmd_info(a: argparse.Namespace) -> int:
         rows.append(("cache dir", f"{cache_root()} ({len(cache_ls())} entries)"))
     except (BskError, OSError) as e:  # info reports a broken cache setting instead of dying on it
         rows.append(("cache dir", f"unusable: {e}"))
-    env = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("BSK_")]
+    env = [f"{k}={v}" for k, v in _env.snapshot().items()]
     rows.append(("BSK_* env", " ".join(env) if env else "(none set)"))
     rows.append(("python", sys.version.split()[0]))
     width = max(len(k) for k, _ in rows)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Generate and build one kernel from a config: prints its name, the .cu source, the built .so and the build time.
 
-    python examples/generate_kernel.py                                  # sm90_fwd_d128_fp16_coop_128x128
-    python examples/generate_kernel.py sm90_fwd_d64_bf16_pingpong_128x128
+    python examples/generate_kernel.py                                  # bsk_sm90a_attn_fwd_d128_fp16_t128x128_coop_s5_b128x128
+    python examples/generate_kernel.py bsk_sm90a_attn_fwd_d64_bf16_t128x128_pp_s8_b128x128
     python examples/generate_kernel.py '{"family": "attn_fwd", "head_dim": 128, "stages": 3}' --out /tmp/k
 
 Needs nvcc and the CUTLASS headers (pip install nvidia-cutlass==4.2.0.0), not a GPU. The build goes to the kernel
@@ -20,7 +20,7 @@ from pathlib import Path
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("config", nargs="?", default="sm90_fwd_d128_fp16_coop_128x128",
+    ap.add_argument("config", nargs="?", default="bsk_sm90a_attn_fwd_d128_fp16_t128x128_coop_s5_b128x128",
                     help="named config, inline JSON or a .json file (default: %(default)s)")
     ap.add_argument("--out", default=None,
                     help="directory for a copy of the generated .cu (default: none; the cache entry keeps one)")

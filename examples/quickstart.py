@@ -25,7 +25,7 @@ import blackwell_sparsek as bsk
 from blackwell_sparsek import BlockSparseLayout as L
 from blackwell_sparsek.reference import attention_reference, relative_error
 
-CONFIG = sys.argv[1] if len(sys.argv) > 1 else "sm90_fwd_d128_fp16_pingpong_128x128"
+CONFIG = sys.argv[1] if len(sys.argv) > 1 else "bsk_sm90a_attn_fwd_d128_fp16_t128x128_pp_s5_b128x128"
 B, H, HKV, S, D = 2, 4, 2, 1024, 128   # 4 query heads share 2 K/V heads (GQA); 8 blocks of 128 per sequence
 DTYPE, TOL = torch.float16, 5e-3       # fp16 output against float64: relative error ~3e-4 when correct
 

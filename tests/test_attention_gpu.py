@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import blackwell_sparsek as bsk
-import blackwell_sparsek.ops as ops
+import blackwell_sparsek.ops.attention as ops
+from blackwell_sparsek.ops import dispatch
 from blackwell_sparsek.ops import default_config
 from blackwell_sparsek.families.attn_fwd import AttentionConfig, Schedule
 from blackwell_sparsek.jit.spec import load_named_configs
@@ -103,7 +104,7 @@ def test_persistent_ctas_walk_many_rows(name, pattern, monkeypatch):
     # from row to row, the epilogue's O buffer is reused once its store has read it, at D=64 the two warpgroups'
     # softmax turns pair up row after row). With 3 CTAs every CTA walks ~10 rows of every kind one after another:
     # full, partial, one tile, empty (at one CTA per SM most small problems give a CTA one row).
-    monkeypatch.setattr(ops, "_sm_count", lambda index: 3)
+    monkeypatch.setattr(dispatch, "sm_count", lambda index: 3)
     cfg = NAMED[name]
     Sq, Sk = 517, 1000
     layout, causal = _patterns(Sq, Sk, 3, cfg.block_m, cfg.block_n)[pattern]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from blackwell_sparsek.bench import ex88, metrics
+from blackwell_sparsek.bench import cases, ex88, metrics
 from blackwell_sparsek.errors import KernelCompileError, ToolchainError
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -489,11 +489,11 @@ def test_cli_plan_and_no_gpu(capsys):
 def test_presets_fit_their_budgets():
     from blackwell_sparsek.bench import harness
     for name, budget in (("quick", 180.0), ("full", 450.0)):
-        cases = harness.preset(name)
-        assert len({c.key for c in cases}) == len(cases)
-        est = sum(harness.estimate_case_seconds(c, 5) for c in cases)
+        chosen = cases.preset(name)
+        assert len({c.key for c in chosen}) == len(chosen)
+        est = sum(harness.estimate_case_seconds(c, 5) for c in chosen)
         assert est < budget, (name, est)
-    full = harness.preset("full")
+    full = cases.preset("full")
     assert max(c.s for c in full if c.pattern == "window") == 512 * 1024
     assert {c.d for c in full} == {64, 128}
     assert {round(c.density, 3) for c in full if c.pattern == "topk"} == {0.125, 0.25, 0.5}
@@ -748,7 +748,7 @@ def test_result_paths_default_to_none():
 
 def _one_tiny_case(monkeypatch):
     from blackwell_sparsek.bench import harness
-    monkeypatch.setattr(harness, "preset", lambda name, device="cuda": [
+    monkeypatch.setattr(cases, "preset", lambda name, device="cuda": [
         harness.Case(b=1, h=1, s=256, d=64, pattern="dense", device=device, groups=("seq",))])
 
 
@@ -825,7 +825,7 @@ def test_generate_kernel_example_leaves_no_files(fake_nvcc, tmp_path, child_env)
     work.mkdir()
     tmp.mkdir()
     env = child_env(TMPDIR=str(tmp))
-    name = "sm90_fwd_d64_fp16_coop_128x128"
+    name = "bsk_sm90a_attn_fwd_d64_fp16_t128x128_coop_s8_b128x128"
     p = subprocess.run([sys.executable, str(repo / "examples" / "generate_kernel.py"), name], capture_output=True,
                        text=True, cwd=work, env=env, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr

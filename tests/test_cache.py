@@ -15,7 +15,7 @@ from blackwell_sparsek.jit import kernels, compiler
 from blackwell_sparsek.families.attn_fwd import AttentionConfig
 from blackwell_sparsek.jit.spec import get_config
 
-NAME = "sm90_fwd_d64_fp16_coop_128x128"
+NAME = "bsk_sm90a_attn_fwd_d64_fp16_t128x128_coop_s8_b128x128"
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from blackwell_sparsek import AttentionConfig, cli
 from blackwell_sparsek.jit.codegen import render
 from blackwell_sparsek.jit.spec import get_config, load_named_configs
 
-NAME = "sm90_fwd_d64_bf16_pingpong_128x128"
+NAME = "bsk_sm90a_attn_fwd_d64_bf16_t128x128_pp_s8_b128x128"
 
 
 def test_list_configs(capsys):

@@ -82,7 +82,7 @@ def test_render_validates_first():
 
 
 def test_generate_writes_only_the_given_path(tmp_path, clean_cwd):
-    cfg = get_config("sm90_fwd_d64_bf16_coop_128x128")
+    cfg = get_config("bsk_sm90a_attn_fwd_d64_bf16_t128x128_coop_s8_b128x128")
     out = tmp_path / "out" / "k.cu"
     assert blackwell_sparsek.generate(cfg, out) == out
     assert out.read_text() == codegen.render(cfg)
@@ -110,7 +110,7 @@ def test_lazy_public_names():
 
 # -- issue 24 item 8: output paths; item 13: configs given by name, dict or JSON ------------------------------
 
-NAMED = "sm90_fwd_d64_bf16_coop_128x128"
+NAMED = "bsk_sm90a_attn_fwd_d64_bf16_t128x128_coop_s8_b128x128"
 
 
 def _leftovers(root):

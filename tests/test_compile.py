@@ -179,11 +179,11 @@ def test_cuda_error_names():
 def test_wrong_kernel_name_refused(fake_nvcc, tmp_path):
     e = kernels.ensure_built(AttentionConfig())
     with pytest.raises(Exception, match="stale artifact"):
-        runtime.CompiledKernel(e.so_path, get_config("sm90_fwd_d64_fp16_coop_128x128"))
+        runtime.CompiledKernel(e.so_path, get_config("bsk_sm90a_attn_fwd_d64_fp16_t128x128_coop_s8_b128x128"))
 
 
 def test_check_device():
-    cfg = get_config("sm90_fwd_d128_fp16_pingpong_128x128")
+    cfg = get_config("bsk_sm90a_attn_fwd_d128_fp16_t128x128_pp_s5_b128x128")
     h100 = runtime.DeviceInfo(0, "NVIDIA H100", (9, 0), 132, 232448)
     assert runtime.check_device(cfg, h100) is h100
     with pytest.raises(InvalidConfigError, match=r"sm90a .*compute capability 9\.0.*is 8\.0"):
@@ -262,7 +262,7 @@ def test_real_compile_pipeline_with_stub_header(bsk_cache, tmp_path, monkeypatch
     (inc / "bsk").mkdir(parents=True)
     (inc / "bsk" / "attn_fwd.hpp").write_text(STUB_HEADER)
     monkeypatch.setattr(compiler, "include_dir", lambda: inc)
-    cfg = get_config("sm90_fwd_d64_fp16_coop_128x128")
+    cfg = get_config("bsk_sm90a_attn_fwd_d64_fp16_t128x128_coop_s8_b128x128")
     e = kernels.ensure_built(cfg, progress=False)
     _assert_fresh_kernel_artifact(cfg, e)
     meta = json.loads((e.path / "meta.json").read_text())
@@ -278,7 +278,7 @@ def test_real_compile_sm90a_kernel(bsk_cache):
     header = compiler.include_dir() / "bsk" / "attn_fwd.hpp"
     if not header.is_file():
         pytest.skip(f"{header} is not written yet")
-    cfg = get_config("sm90_fwd_d128_fp16_coop_128x128")
+    cfg = get_config("bsk_sm90a_attn_fwd_d128_fp16_t128x128_coop_s5_b128x128")
     e = kernels.ensure_built(cfg)  # raises KernelCompileError with the first nvcc errors on failure
     _assert_fresh_kernel_artifact(cfg, e)
     # No GNU-unique symbol of ours (a function-local static in a template or inline function): the dynamic loader

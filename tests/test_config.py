@@ -9,10 +9,12 @@ import pytest
 from blackwell_sparsek import AttentionConfig, Arch, DType, InvalidConfigError, Schedule
 from blackwell_sparsek.jit.spec import KernelConfig, config_names, get_config, load_config_file, load_named_configs, resolve_config
 
+# The kernels sparse_attention picks by default: both two-warpgroup schedules at D=128 (5 stages) and D=64
+# (8 stages), and the single-warpgroup kernel at D=64, in fp16 and bf16.
 REQUIRED_NAMES = {
-    f"sm90_fwd_d{d}_{dt}_{s}_128x128"
-    for d in (128, 64) for dt in ("fp16", "bf16") for s in ("coop", "pingpong")
-} | {f"sm90_fwd_d64_{dt}_single_64x128" for dt in ("fp16", "bf16")}
+    f"bsk_sm90a_attn_fwd_d{d}_{dt}_t128x128_{s}_s{st}_b128x128"
+    for d, st in ((128, 5), (64, 8)) for dt in ("fp16", "bf16") for s in ("coop", "pp")
+} | {f"bsk_sm90a_attn_fwd_d64_{dt}_t64x128_single_s4_b128x128" for dt in ("fp16", "bf16")}
 
 
 def test_required_named_configs_exist_and_validate():
@@ -27,13 +29,14 @@ def test_required_named_configs_exist_and_validate():
 @pytest.mark.parametrize("name", sorted(REQUIRED_NAMES))
 def test_named_config_matches_its_name(name):
     cfg = get_config(name)
-    _, _, d, dt, sched, tiles = name.split("_")
-    assert cfg.arch is Arch.SM90A
+    _, arch, _, _, d, dt, tiles, sched, stages, blocks = name.split("_")
+    assert cfg.arch is Arch.SM90A and arch == "sm90a"
     assert cfg.head_dim == int(d[1:])
     assert cfg.dtype is DType(dt)
-    assert cfg.schedule is {"coop": Schedule.COOPERATIVE, "pingpong": Schedule.PINGPONG,
+    assert cfg.schedule is {"coop": Schedule.COOPERATIVE, "pp": Schedule.PINGPONG,
                             "single": Schedule.SINGLE}[sched]
-    assert f"{cfg.tile_m}x{cfg.tile_n}" == tiles
+    assert f"t{cfg.tile_m}x{cfg.tile_n}" == tiles and f"s{cfg.stages}" == stages
+    assert f"b{cfg.block_m}x{cfg.block_n}" == blocks
     assert 2 <= cfg.stages <= 16  # tuned per head dim; the shared-memory budget below is the rule
     facts = Arch.SM90A.facts
     assert cfg.smem_bytes() <= facts.smem_optin
@@ -113,8 +116,8 @@ def test_bad_field_types_and_names_rejected():
 
 
 def test_resolve_config_forms(tmp_path):
-    named = get_config("sm90_fwd_d64_fp16_coop_128x128")
-    assert resolve_config("sm90_fwd_d64_fp16_coop_128x128") == named
+    named = get_config("bsk_sm90a_attn_fwd_d64_fp16_t128x128_coop_s8_b128x128")
+    assert resolve_config("bsk_sm90a_attn_fwd_d64_fp16_t128x128_coop_s8_b128x128") == named
     assert resolve_config(named.to_json()) == named
     mine = AttentionConfig(head_dim=64, stages=6)
     assert resolve_config('{"head_dim": 64, "stages": 6}') == mine  # family defaults to attention forward
@@ -126,8 +129,8 @@ def test_resolve_config_forms(tmp_path):
 
 
 def test_resolve_config_errors(tmp_path):
-    with pytest.raises(InvalidConfigError, match="did you mean sm90_fwd_d128_fp16_coop_128x128"):
-        resolve_config("sm90_fwd_d128_fp16_cop_128x128")
+    with pytest.raises(InvalidConfigError, match="did you mean bsk_sm90a_attn_fwd_d128_fp16_t128x128_coop_s5_b128x128"):
+        resolve_config("bsk_sm90a_attn_fwd_d128_fp16_t128x128_cop_s5_b128x128")
     with pytest.raises(InvalidConfigError, match="does not exist"):
         resolve_config(str(tmp_path / "missing.json"))
     with pytest.raises(InvalidConfigError, match="head_dim 80"):
@@ -157,18 +160,26 @@ def test_unservable_layout_blocks_raise_instead_of_running_a_wrong_kernel():
         assert cfg.problems() == []
 
 
-def test_default_schedule_follows_row_balance():
+def test_default_schedule_follows_row_stats():
+    """The rule fitted to the schedule sweep (bench/results/<gpu>/schedules.json): per mask family and head dim,
+    the schedule that was faster (or within 3 % of it) in the same run."""
     import torch
     from blackwell_sparsek.layout import BlockSparseLayout as L
+    from blackwell_sparsek.bench.schedules import masks
     from blackwell_sparsek.ops import default_config
-    for lay, want in ((L.dense(4096), Schedule.PINGPONG),
-                      (L.random_topk(4096, k=8, seed=1, num_heads=2), Schedule.PINGPONG),
-                      (L.sliding_window(32768, window=2048), Schedule.PINGPONG),
-                      (L.causal(4096), Schedule.COOPERATIVE)):
-        assert lay.balanced_rows() is (want is Schedule.PINGPONG)
-        for d in (64, 128):
-            assert default_config(d, torch.float16, lay).schedule is want
-        assert default_config(256, torch.float16, lay).schedule is Schedule.COOPERATIVE
+    P, C = Schedule.PINGPONG, Schedule.COOPERATIVE
+    want = {  # mask: (D=64, D=128)
+        "dense": (C, P), "causal": (C, C), "topk25-shared": (P, P), "topk25-per-head": (P, P),
+        "window2K": (P, C), "documents": (P, C), "bigbird": (C, C),
+    }
+    for name, lay in masks(8192, 16).items():
+        for d, w in zip((64, 128), want[name]):
+            assert default_config(d, torch.float16, lay).schedule is w, (name, d, lay.row_stats())
+        assert default_config(256, torch.float16, lay).schedule is C
+    # short dense rows at D=64 (16 blocks) stay ping-pong, like top-k rows of that length
+    assert default_config(64, torch.float16, L.dense(2048)).schedule is P
+    # long rows among a few short ones (a 2K window at 32K: 16 of 256 rows shorter) stay ping-pong at D=128
+    assert default_config(128, torch.float16, L.sliding_window(32768, window=2048)).schedule is P
 
 
 # -- issue 24: every integer field bounded (item 12), tile_m from the schedule (item 23) ------------------------
@@ -209,7 +220,7 @@ def test_tile_m_follows_the_schedule():
     assert AttentionConfig(schedule="pingpong").tile_m == 128 and AttentionConfig().tile_m == 128
     assert resolve_config('{"schedule": "single", "head_dim": 64}') == single
     assert resolve_config({"schedule": "single", "head_dim": 64}).kernel_name == single.kernel_name
-    assert get_config("sm90_fwd_d64_fp16_single_64x128").tile_m == 64
+    assert get_config("bsk_sm90a_attn_fwd_d64_fp16_t64x128_single_s4_b128x128").tile_m == 64
     # an explicit tile_m that contradicts the schedule still errors, naming the fix
     with pytest.raises(InvalidConfigError, match="set tile_m=64 or leave tile_m out") as ei:
         resolve_config({"schedule": "single", "head_dim": 64, "tile_m": 128})
@@ -230,7 +241,7 @@ def test_config_file_without_family_is_attention_forward(tmp_path):
 @pytest.mark.parametrize("content, match", [
     (b'\xff\xfe{"head_dim": 64}', r"not UTF-8 text \(byte 0xff at offset 0\); save it as UTF-8"),
     (b"[]", "must be a JSON object of config fields.*got an array"),
-    (b'"sm90_fwd_d64_fp16_coop_128x128"', "got a string"),
+    (b'"bsk_sm90a_attn_fwd_d64_fp16_t128x128_coop_s8_b128x128"', "got a string"),
     (b"{nope", "not valid JSON"),
     (b"[" * 200_000, "nested too deeply"),
     (b'{"family": ["attn_fwd"]}', "'family' must be a string"),
@@ -264,7 +275,7 @@ def test_config_paths_that_are_not_files(tmp_path):
         resolve_config("a\0b")
 
 
-@pytest.mark.parametrize("spec", [5, None, 1.5, b"sm90_fwd_d64_fp16_coop_128x128", ["head_dim", 64], object()])
+@pytest.mark.parametrize("spec", [5, None, 1.5, b"bsk_sm90a_attn_fwd_d64_fp16_t128x128_coop_s8_b128x128", ["head_dim", 64], object()])
 def test_resolve_config_rejects_other_types_with_a_type_error(spec):
     from blackwell_sparsek.jit.spec import ConfigTypeError
     with pytest.raises(ConfigTypeError, match="a dict of config fields, inline JSON text.*named config") as ei:
@@ -279,3 +290,10 @@ def test_from_dict_rejects_non_objects():
         KernelConfig.from_dict([("family", "attn_fwd")])
     with pytest.raises(InvalidConfigError, match="unknown attn_fwd config field"):
         resolve_config({1: 2, "x": 3})  # keys of mixed types are reported, not a TypeError from sorting
+
+
+def test_named_config_file_is_its_kernel_name_without_the_hash():
+    """One naming scheme: cutlass_configs/<name>.json holds the config whose kernel is <name>_<hash12>."""
+    for name, cfg in load_named_configs().items():
+        assert cfg.config_name == name, (name, cfg.kernel_name)
+        assert cfg.kernel_name == f"{name}_{cfg.config_hash[:12]}"

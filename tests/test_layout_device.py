@@ -183,7 +183,7 @@ def test_kernel_views_eager_on_cuda():
     assert "row_schedule" in d._cache and _trusted.is_marked(d._cache["row_schedule"])
     assert torch.equal(d._cache["row_schedule"].cpu(), lay.row_schedule())
     t = d._cache["transpose"]
-    assert "row_schedule" in t._cache and "balanced_rows" in t._cache and t.device == d.device
+    assert "row_schedule" in t._cache and "row_stats" in t._cache and t.device == d.device
     assert torch.equal(t.row_schedule().cpu(), lay.transpose().row_schedule())
     c = d.with_causal()  # built on the device: views built with it
     assert "row_schedule" in c._cache and torch.equal(c.row_schedule().cpu(), lay.with_causal().row_schedule())

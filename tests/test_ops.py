@@ -6,7 +6,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import blackwell_sparsek as bsk
 from blackwell_sparsek.errors import InputError
-from blackwell_sparsek.ops import _attn_fwd_impl, _check_row_sched, _direct_call_ok, _meta
+from blackwell_sparsek.ops import default_config
+from blackwell_sparsek.ops.attention import _attn_fwd_impl, _check_op_call, _direct_call_ok, _meta
 
 
 class _Sub(torch.Tensor):
@@ -47,10 +48,11 @@ def test_autograd_modes_and_subclasses_go_through_the_dispatcher():
 def test_row_schedule_argument_checked_before_any_kernel():
     lay = bsk.BlockSparseLayout.causal(256)
     q, k, v = (torch.randn(1, 1, 256, 64, dtype=torch.float16) for _ in range(3))
+    cfg = default_config(64, torch.float16, lay).to_json()
     good = lay.row_schedule()
-    _check_row_sched(good)  # the layout's own passes
+    _check_op_call(q, k, v, lay.col_idx, lay.block_kind, good, _meta(lay), 0.125, cfg)  # the layout's own passes
     flat = torch.zeros(good.numel() + 1, dtype=torch.int32)
     strided = torch.zeros(*good.shape[:2], 8, dtype=torch.int32)[..., ::2]
     for bad in (good.long(), good[..., :3], strided, flat[1:].view(good.shape)):  # dtype, shape, stride, 4-byte offset
-        with pytest.raises(InputError, match="row_schedule"):
-            _attn_fwd_impl(q, k, v, lay.col_idx, lay.block_kind, bad, _meta(lay), 0.125, "{}")
+        with pytest.raises(InputError, match="row_sched"):
+            _attn_fwd_impl(q, k, v, lay.col_idx, lay.block_kind, bad, _meta(lay), 0.125, cfg)

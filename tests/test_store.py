@@ -22,7 +22,7 @@ from blackwell_sparsek.jit.spec import get_config
 from blackwell_sparsek.errors import CacheError, EnvError, KernelCompileError, UnsafeCacheError
 from blackwell_sparsek.jit import store
 
-NAME = "sm90_fwd_d64_fp16_coop_128x128"
+NAME = "bsk_sm90a_attn_fwd_d64_fp16_t128x128_coop_s8_b128x128"
 IS_ROOT = os.geteuid() == 0
 
 
@@ -147,7 +147,7 @@ def test_umask_000_still_gives_private_modes(fake_nvcc, cfg, bsk_cache):
         os.environ["BSK_FAKE_NVCC_FAIL"] = "1"
         try:
             with pytest.raises(KernelCompileError):
-                kernels.ensure_built(get_config("sm90_fwd_d128_fp16_coop_128x128"))
+                kernels.ensure_built(get_config("bsk_sm90a_attn_fwd_d128_fp16_t128x128_coop_s5_b128x128"))
         finally:
             if monkey_fail is None:
                 os.environ.pop("BSK_FAKE_NVCC_FAIL")

@@ -177,6 +177,7 @@ def cmd_replot(json_path: str, out: str | None) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
+    from . import cases as case_sets
     from . import harness, headline, plots, report
     if a.replot:
         return cmd_replot(a.replot, a.out)
@@ -188,11 +189,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
         opts = headline.options(a.budget or DEFAULT_BUDGET[name])
         peers_for: Any = headline.peers_for
     else:
-        cases = harness.preset(name, dev)
+        cases = case_sets.preset(name, dev)
         opts = harness.RunOptions(budget_s=a.budget or DEFAULT_BUDGET[name],
-                                  jit_peer_seqs=harness.JIT_PEER_SEQS.get(name),
-                                  ex88_seqs=harness.EX88_SEQS.get(name, set()),
-                                  loop_timing_seqs=set(harness.EX88_SEQS.get(name, set())))
+                                  jit_peer_seqs=case_sets.JIT_PEER_SEQS.get(name),
+                                  ex88_seqs=case_sets.EX88_SEQS.get(name, set()),
+                                  loop_timing_seqs=set(case_sets.EX88_SEQS.get(name, set())))
         peers_for = None
     opts.warmup_ms, opts.rep_ms = a.warmup_ms, a.rep_ms
     opts.check = not a.no_check
@@ -205,7 +206,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         n_peers = 6
         total = 0.0
         for c in cases:
-            est = harness.estimate_case_seconds(c, n_peers)
+            est = case_sets.estimate_case_seconds(c, n_peers)
             total += est
             print(f"{c.name:42s} groups={','.join(c.groups):22s} ~{est:5.1f}s")
         print(f"{len(cases)} cases, rough upper estimate {total:.0f}s at {n_peers} peers/case "

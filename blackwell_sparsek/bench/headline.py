@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from . import report
-from .harness import K, Case, RunOptions
+from .cases import K, Case
+from .harness import RunOptions
 from .peers import FlashAttn, Flex, Ours, Peer, Sdpa, our_configs
 
 TARGETS = {

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .. import _env
 from .report import environment, format_table, write_json
 
 # (label, unit, candidate raw metric names in order of preference)
@@ -62,7 +63,7 @@ LAUNCHER = r'''
 import math, sys, json
 import torch
 import blackwell_sparsek as bsk
-from blackwell_sparsek.bench.harness import Case, build_layout, make_inputs
+from blackwell_sparsek.bench.cases import Case, build_layout, make_inputs
 spec = json.loads(sys.argv[1])
 cfg = bsk.resolve_config(spec["config"])
 case = Case(**spec["case"])
@@ -77,7 +78,7 @@ print("launched", spec["launches"], "x", cfg.kernel_name)
 
 
 def find_ncu() -> str | None:
-    env = os.environ.get("BSK_NCU")
+    env = _env.text("BSK_NCU")
     if env and Path(env).is_file():
         return env
     w = shutil.which("ncu")
@@ -215,7 +216,7 @@ def run(config: str | None, shape: tuple[int, int, int, int], pattern: str = "de
         print("profile: needs a CUDA GPU", file=sys.stderr)
         return 2
     import blackwell_sparsek as bsk
-    from .harness import Case
+    from .cases import Case
     from .peers import our_configs
     b, h, s, d = shape
     if config:

@@ -85,7 +85,7 @@ def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float
             pick = ops.default_config(d, torch.float16, lay).schedule.value
             fastest = min(times, key=times.get)
             row = {"mask": name, "b": b, "h": h, "s": s, "d": d, "nnz": lay.nnz, "layout_heads": lay.num_heads,
-                   "balanced_rows": lay.balanced_rows(), "uniform_rows": lay.uniform_rows(),
+                   "row_stats": lay.row_stats(), "uniform_rows": lay.uniform_rows(),
                    **{f"tflops_{k_}": flops / (t * 1e-3) / 1e12 for k_, t in times.items()},
                    "default": pick, "fastest": fastest, "default_vs_fastest": times[fastest] / times[pick],
                    "rel_err_between_schedules": err}

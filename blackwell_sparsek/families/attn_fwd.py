@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..jit.spec import Arch, DType, KernelConfig, enum_from, register
+from ..jit.spec import Arch, DType, KernelConfig, register
 from ..errors import InvalidConfigError
 
 class Schedule(enum.Enum):
@@ -74,8 +74,7 @@ class AttentionConfig(KernelConfig):
     )
 
     def __post_init__(self) -> None:
-        for name, cls in (("dtype", DType), ("schedule", Schedule), ("arch", Arch)):
-            object.__setattr__(self, name, enum_from(cls, getattr(self, name)))
+        super().__post_init__()
         if self.tile_m is None:
             # tile_m follows from the schedule (64 rows for 'single', else 128); only a tile_m the user gives
             # can disagree with it, and validate() then names the fix.
@@ -198,7 +197,7 @@ def launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta: list[int]
     window_right, n_kblocks, rank_major] of the layout (rank_major: rows differ in length, order tiles
     heaviest-first across heads)."""
     B, H, Sq, D = q.shape
-    qs, ks, vs, os_, ls = q.stride(), k.stride(), v.stride(), o.stride(), lse.stride()
+    qs, ks, vs, os_, ls = (_tma_strides(t) for t in (q, k, v, o, lse))
     return dict(
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr(),
         col_idx=col_idx.data_ptr(), block_kind=block_kind.data_ptr(), row_sched=row_sched.data_ptr(),
@@ -213,3 +212,10 @@ def launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta: list[int]
         window_left=meta[0], window_right=meta[1],
         scale=scale, sm_count=sm_count, rank_major=meta[3],
     )
+
+
+def _tma_strides(t) -> list[int]:
+    """t's strides, with a size-1 dimension's (which torch leaves arbitrary, e.g. 1 after an unsqueeze) set to
+    the tensor's span: a TMA descriptor encodes every stride, and its strides must be 16-byte multiples."""
+    span = max(st * n for st, n in zip(t.stride(), t.shape))
+    return [span if n == 1 else st for st, n in zip(t.stride(), t.shape)]

@@ -174,7 +174,6 @@ def build(config: KernelConfig, *, progress: bool | None = None):
     kernel = _loaded.get(pk)
     if kernel is not None:
         return kernel
-    from .runtime import CompiledKernel
     entry = ensure_built(config, progress=progress)
     try:
         kernel = _load(entry, config)

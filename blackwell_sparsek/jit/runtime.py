@@ -46,6 +46,31 @@ def args_struct(abi: tuple[tuple[str, str], ...], name: str = "bsk_args") -> typ
     return type(name, (ctypes.Structure,), {"_fields_": fields, "__abi__": abi})
 
 
+# The launchers' own return codes (enum : int { kErrBadHeadDim = 10001, ... } in the kernel headers), beside
+# cudaError_t values: code -> (C enum name, what it means and the fix). Keep equal to the headers' enum (a test
+# checks). The op layer checks all of this before it launches; these name what a raw launch got wrong.
+LAUNCHER_ERRORS: dict[int, tuple[str, str]] = {
+    10001: ("kErrBadHeadDim", "the arguments' head_dim is not the head_dim this kernel was compiled for "
+                              "(config.head_dim): build the config for the inputs' head_dim (64, 128 or 256)"),
+    10002: ("kErrStrideRange", "a stride of q, k, v, O or LSE is out of the launcher's range (negative, not a "
+                               "multiple of 16 bytes, or larger than its integer type holds): pass contiguous "
+                               "tensors, or split the call into fewer heads or shorter sequences"),
+    10003: ("kErrBadShape", "a size is not positive, heads is not a multiple of heads_kv, or the layout does not "
+                            "fit (n_qblocks * block_m < seq_q, layout heads neither 1 nor heads): pass the shapes "
+                            "of the tensors and of the layout the kernel was built for"),
+    10004: ("kErrMisaligned", "a q, k, v or O base address or the row schedule is not 16-byte aligned: pass "
+                              "t.clone() for a sliced view, and the layout's own row_schedule()"),
+}
+
+
+def launch_error_message(code: int) -> str:
+    """'kErrBadShape (launcher code 10003): what it means' for the launchers' own codes, else the CUDA error."""
+    known = LAUNCHER_ERRORS.get(code)
+    if known is not None:
+        return f"{known[0]} (launcher code {code}): {known[1]}"
+    return f"{cuda_error_name(code)} (code {code})"
+
+
 def cuda_error_name(code: int) -> str:
     """``cudaErrorInvalidValue`` for 1, through cuda-python; the number itself when that is unavailable."""
     try:
@@ -163,7 +188,7 @@ class CompiledKernel:
                              f"got {type(stream).__name__}")
         code = self._launch(ctypes.byref(struct), ctypes.c_void_p(stream or None))
         if code != 0:
-            err = CudaError(f"{self.kernel_name}: launch failed with {cuda_error_name(code)} (code {code})")
+            err = CudaError(f"{self.kernel_name}: launch failed with {launch_error_message(code)}")
             err.code = code
             raise err
 

@@ -124,6 +124,12 @@ class KernelConfig:
     # (include/ and tools/util/include of the CUTLASS tree) and "cutlass_ex88" (example 88's directory).
     includes: ClassVar[tuple[str, ...]] = ("cutlass",)
 
+    def __post_init__(self) -> None:
+        """Enum fields (those whose default is an enum member) accept the member, its name or its value."""
+        for f in dataclasses.fields(self):
+            if isinstance(f.default, enum.Enum):
+                object.__setattr__(self, f.name, enum_from(type(f.default), getattr(self, f.name)))
+
     # -- canonical form -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"family": self.family}
@@ -201,8 +207,9 @@ class KernelConfig:
 
 
 # -- the family registry ----------------------------------------------------------------------------------------
-# Families register themselves (families/<name>.py, @register); the registry package is imported on first lookup,
-# so this generic module never names a family's module. A config given without "family" is DEFAULT_FAMILY's.
+# Families register themselves (families/<name>.py, @register). The package's __init__ imports the families
+# package, which imports every family, so the registry is complete whenever any module of the package is in use;
+# this generic module never imports a family. A config given without "family" is DEFAULT_FAMILY's.
 FAMILIES: dict[str, type[KernelConfig]] = {}
 DEFAULT_FAMILY = "attn_fwd"
 
@@ -216,9 +223,7 @@ def register(cls: type[KernelConfig]) -> type[KernelConfig]:
 
 
 def families() -> dict[str, type[KernelConfig]]:
-    """Every registered family (imports the registry package, blackwell_sparsek.families, once)."""
-    import importlib
-    importlib.import_module("blackwell_sparsek.families")
+    """Every registered family, by name."""
     return FAMILIES
 
 

@@ -94,7 +94,7 @@ class BsrBase:
 
     def _set_nnz(self) -> None:
         object.__setattr__(self, "_nnz_per_head", [int(x) for x in self._row_ptr[:, -1].tolist()])
-        self.balanced_rows()  # small syncs while constructing, so later calls (and torch.compile) read bools
+        self.row_stats()  # small syncs while constructing, so later calls (and torch.compile) read numbers
 
     @classmethod
     def _trusted(cls, row_ptr, col_idx, block_kind, sizes: tuple[int, int, int, int], wl: int, wr: int, *,
@@ -122,13 +122,13 @@ class BsrBase:
             self._build_kernel_views()
 
     def _build_kernel_views(self) -> None:
-        """The row schedule, the transpose and its schedule (for a backward pass), and the row-balance bools the
+        """The row schedule, the transpose and its schedule (for a backward pass), and the row statistics the
         ops read (for the transpose: one small host sync here rather than inside a traced region)."""
         for lay in (self, self.transpose()):
             if lay.n_kblocks <= MAX_SCHEDULE_KBLOCKS:  # beyond, no kernel can take it: row_schedule() says why
                 lay.row_schedule()
             if lay.device.type != "meta":  # no values to count on meta
-                lay.balanced_rows()
+                lay.row_stats()
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable (cannot set {name!r}); build a new layout instead")
@@ -314,7 +314,7 @@ class BsrBase:
             object.__setattr__(self, "_copies", copies)
         other = copies.get(dev)
         if other is None:
-            known = {key: self._cache[key] for key in ("uniform_rows", "balanced_rows") if key in self._cache}
+            known = {key: self._cache[key] for key in ("uniform_rows", "row_stats") if key in self._cache}
             other = type(self)._trusted(self._row_ptr.to(dev), self._col_idx.to(dev), self._block_kind.to(dev),
                                         self._sizes(), self._window_left, self._window_right, check=False,
                                         nnz_per_head=self._nnz_per_head, cache=known)
@@ -364,17 +364,22 @@ class BsrBase:
             self._cache["uniform_rows"] = got
         return got
 
-    def balanced_rows(self) -> bool:
-        """True when no query-block row lists more than 1.25x the mean row's blocks (dense, top-k, sliding
-        windows; not causal). Cached. sparse_attention's default schedule keys on it: persistent ping-pong CTAs
-        win when rows cost about the same, one CTA per tile in heaviest-first order when they do not."""
-        got = self._cache.get("balanced_rows")
+    def row_stats(self) -> tuple[float, float, float]:
+        """(mean, cv, short) of the rows' block counts over every layout head: the mean, the coefficient of
+        variation (std / mean) and the fraction of rows shorter than the longest, rounded to 1e-4. Cached;
+        computed with the layout (one small host sync there), so the ops and traced code only read numbers.
+        sparse_attention's default schedule keys on it (ops/dispatch.py)."""
+        got = self._cache.get("row_stats")
         if got is None:
-            c = self.row_counts()
-            got = True
-            if not self.uniform_rows() and c.numel():
-                got = bool((c.amax().double() <= 1.25 * c.double().mean()).item())
-            self._cache["balanced_rows"] = got
+            c = self.row_counts().double()
+            if c.numel() == 0:
+                got = (0.0, 0.0, 0.0)
+            else:
+                mean = c.mean()
+                cv = (c.std(unbiased=False) / mean) if bool(mean > 0) else c.new_tensor(0.0)
+                short = (c < c.amax()).double().mean()
+                got = tuple(round(float(x), 4) for x in torch.stack([mean, cv, short]).tolist())
+            self._cache["row_stats"] = got
         return got
 
     def row_order(self) -> torch.Tensor:

@@ -1,0 +1,333 @@
+"""The PyTorch face of the kernels: input checks, config choice, one torch.library custom op per family.
+
+``sparse_attention`` validates its inputs (typed errors that name the fix), picks a kernel config, and calls the
+``blackwell_sparsek::attn_fwd`` custom op, whose fake implementation only computes shapes (so
+``torch.compile(fullgraph=True)`` traces it without compiling anything) and whose real implementation launches the
+cached kernel through ctypes on torch's current stream. Without a GPU or nvcc it falls back to the reference with a
+one-time warning, after the same checks (under torch.compile through the ``blackwell_sparsek::attn_fwd_reference``
+op). Argument checks live in ``_checks``.
+"""
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+
+import torch
+
+from .. import _env, _trusted
+from ..errors import InputError, InvalidConfigError, LayoutError
+from ..families.attn_fwd import AttentionConfig, Schedule, launch_args
+from ..jit.spec import KernelConfig
+from . import dispatch
+from ._checks import (check_causal, check_fallback_size, check_index_values, check_inputs, check_launch_limits,
+                      check_layout_arg, check_op_args, check_pointers, check_scale, check_strides)
+from .dispatch import config_from_json, default_config, json_of  # noqa: F401 - default_config is public
+
+# -- the custom op ------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def _op_config(config_json: str) -> AttentionConfig:
+    """The validated attention config a raw op call names (cached per JSON text)."""
+    try:
+        cfg = config_from_json(config_json)
+    except (TypeError, ValueError, AttributeError) as e:  # not JSON of a config object (InvalidConfigError too)
+        raise InvalidConfigError(f"config_json must be an AttentionConfig's to_json(), got {config_json!r} "
+                                 f"({e})") from None
+    if not isinstance(cfg, AttentionConfig):
+        raise InvalidConfigError(f"config_json is a {cfg.family} config; the attn_fwd op takes an AttentionConfig")
+    return dispatch.validated(cfg)
+
+
+@lru_cache(maxsize=None)
+def _kernel_for(config_text: str):
+    from ..jit.kernels import build
+    return build(config_from_json(config_text))
+
+
+def _poison() -> bool:
+    return _env.flag("BSK_POISON")
+
+
+def _check_op_call(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json) -> AttentionConfig:
+    """Every raw op call: the host-side checks; then, unless all three index tensors are marked as checked
+    (blackwell_sparsek._trusted: a layout's own tensors, or ones this function checked before) or the current
+    stream is capturing a CUDA graph (no sync allowed there), the value checks (one host sync), after which the
+    tensors are marked. Returns the config."""
+    if not isinstance(config_json, str):
+        raise InvalidConfigError(f"config_json must be a str (config.to_json()), got {type(config_json).__name__}")
+    cfg = _op_config(config_json)
+    check_op_args(q, k, v, col_idx, block_kind, row_sched, meta, scale, cfg)
+    if _trusted.is_marked(col_idx) and _trusted.is_marked(block_kind) and _trusted.is_marked(row_sched):
+        return cfg
+    if q.is_cuda and _capturing(q.device):
+        return cfg
+    check_index_values(col_idx, block_kind, row_sched, row_sched.shape[1], meta[2])
+    _trusted.mark(col_idx, block_kind, row_sched)
+    return cfg
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether torch's current stream on ``device`` (where the op launches) is capturing a CUDA graph."""
+    if device.index is None or device.index == torch.cuda.current_device():
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
+def _attn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col_idx: torch.Tensor, block_kind: torch.Tensor,
+                   row_sched: torch.Tensor, meta: list[int], scale: float,
+                   config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's implementation: checks (see attn_fwd), then the kernel on q's device and current stream."""
+    _check_op_call(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json)
+    if not q.is_cuda:
+        raise InputError(f"blackwell_sparsek::attn_fwd runs on CUDA tensors, q is on {q.device}; "
+                         f"blackwell_sparsek.sparse_attention falls back to the reference off the GPU")
+    return _launch(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json)
+
+
+def _launch(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate O and LSE and launch the kernel. Arguments already checked (by _check_op_call, or for a plain
+    eager sparse_attention call by its own checks on the layout's tensors)."""
+    kernel = _kernel_for(config_json)
+    B, H, Sq, D = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    if _poison():
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    dev = q.device.index
+    dispatch.check_device(config_json, dev)
+    args = kernel.Args(**launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta, scale,
+                                     dispatch.sm_count(dev)))
+    # on q's device and torch's current stream there (the raw handle of torch.cuda.current_stream(dev))
+    if dev == torch.cuda.current_device():
+        kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
+    else:
+        with torch.cuda.device(dev):
+            kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
+    return o, lse
+
+
+@torch.library.custom_op("blackwell_sparsek::attn_fwd", mutates_args=())
+def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col_idx: torch.Tensor, block_kind: torch.Tensor,
+              row_sched: torch.Tensor, meta: list[int], scale: float,
+              config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-sparse attention forward on CUDA tensors: (O in q's memory layout, LSE float32 (B, H, Sq)).
+
+    Arguments: q (B, H, Sq, D), k and v (B, Hkv, Sk, D); a layout's ``col_idx``, ``block_kind`` and
+    ``row_schedule()`` on q's device; meta = [window_left, window_right, n_kblocks, rank_major] (``_meta(layout)``:
+    rank_major = rows differ in length, order tiles heaviest-first across heads); the softmax scale; the kernel
+    config as ``AttentionConfig.to_json()``.
+
+    Contract. Every call checks on the host, without touching the device: dtypes, devices (q's), shapes consistent
+    with each other, with q/k and with the config (row_sched [Hl, ceil(Sq / block_m), 4] int32 with Hl 1 or H,
+    col_idx int32 and block_kind uint8 both [Hl, M]), contiguity and 16-byte alignment, meta's length and values
+    (n_kblocks = ceil(Sk / block_n)), a finite float32 scale, strides within the launcher's range. The *values*
+    the kernel indexes with (each schedule row in [0, nq) once per head, 0 <= start <= end <= M, the first block's
+    column < n_kblocks and kind <= 3, every col_idx in [0, n_kblocks), every block_kind <= 3) are checked with a
+    few reductions and one host sync, and the tensors are then marked as checked, so later calls with the same
+    tensors skip it; a BlockSparseLayout's own tensors are marked when the layout makes them. Two exceptions: a
+    call made while the current stream captures a CUDA graph runs only the host-side checks (no sync is allowed
+    there), and marks are per tensor, so index tensors taken from two different layouts are not checked against
+    each other. Always pass one layout's own tensors; hand-made index tensors must be checked eagerly (one call
+    outside capture) before they are captured.
+    """
+    return _attn_fwd_impl(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json)
+
+
+def _direct_call_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Eager calls skip the dispatcher (tens of microseconds a call on a slow host, as much as a short kernel)
+    when it would only forward to _attn_fwd_impl: plain tensors, no TorchDispatchMode or TorchFunctionMode
+    active, and no input that needs autograd (the op has no backward: the dispatcher path reports that)."""
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        return False
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+
+
+def _fake_outputs(q, k):
+    B, H, Sq, _ = q.shape
+    return torch.empty_like(q), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
+@_attn_fwd.register_fake
+def _attn_fwd_fake(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json):
+    return _fake_outputs(q, k)
+
+
+@torch.library.custom_op("blackwell_sparsek::attn_fwd_reference", mutates_args=())
+def _attn_fwd_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.Tensor,
+                        col_idx: torch.Tensor, block_kind: torch.Tensor, geom: list[int],
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference fallback as an op (what a torch.compile'd sparse_attention runs on CPU tensors): the layout
+    (row_ptr, col_idx, block_kind, geom = [block_m, block_n, window_left, window_right]) is rebuilt and
+    validated, then the float64 reference runs. Same outputs as attn_fwd."""
+    from ..layout import BlockSparseLayout
+    layout = BlockSparseLayout(row_ptr, col_idx, block_kind, seq_q=q.shape[2], seq_k=k.shape[2], block_m=geom[0],
+                               block_n=geom[1], window_left=geom[2], window_right=geom[3])
+    _fallback_warning("the inputs are not on a CUDA device")
+    return _fallback(q, k, v, layout, scale)
+
+
+@_attn_fwd_reference.register_fake
+def _attn_fwd_reference_fake(q, k, v, row_ptr, col_idx, block_kind, geom, scale):
+    return _fake_outputs(q, k)
+
+
+# -- the reference fallback ---------------------------------------------------------------------------------
+
+_warned_fallback = False
+
+
+def _fallback_warning(reason: str) -> None:
+    global _warned_fallback
+    if not _warned_fallback:
+        _warned_fallback = True
+        warnings.warn(f"blackwell_sparsek: {reason}; sparse_attention runs the (slow, O(S^2) memory) reference "
+                      f"implementation instead", RuntimeWarning, stacklevel=3)
+
+
+def _fallback(q, k, v, layout, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 reference, O returned in q's dtype and memory layout (torch.empty_like(q), as the kernel).
+    Without autograd, like the kernel op (which has no backward): in place, within check_fallback_size's bytes."""
+    check_fallback_size(q, k, layout)
+    from ..reference import attention_reference
+    with torch.no_grad():
+        o_ref, lse = attention_reference(q, k, v, layout, scale=scale)
+    o = torch.empty_like(q)
+    o.copy_(o_ref)
+    return o, lse
+
+
+# -- public API ---------------------------------------------------------------------------------------------
+
+def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, *, causal: bool = False,
+                     scale: float | None = None, config=None, return_lse: bool = False):
+    """Block-sparse attention: softmax(scale · Q Kᵀ + mask) V over the blocks ``layout`` lists.
+
+    q: (B, H, Sq, D); k, v: (B, Hkv, Sk, D) with H % Hkv == 0 (GQA/MQA). (B, S, H, D) tensors are accepted as
+    ``t.transpose(1, 2)`` views (strides, no copy). fp16 or bf16, D in {64, 128, 256}. ``causal`` intersects the
+    layout with the bottom-right aligned causal mask. Returns O in q's memory layout, and with ``return_lse`` also
+    the float32 log-sum-exp (B, H, Sq); rows with no visible key give O = 0 and LSE = -inf, rows that see an
+    infinite or NaN logit give NaN. Every argument is checked before a kernel is chosen, so CPU tensors (which
+    run the float64 reference, with a warning) are accepted or refused exactly as CUDA tensors are.
+    """
+    check_inputs(q, k, v)
+    B, H, Sq, D = q.shape
+    Sk = k.shape[2]
+    scale = check_scale(scale, D)
+    causal = check_causal(causal)
+    check_layout_arg(layout)
+    check_strides(q, k, v)
+    check_launch_limits(q, k, v)
+    compiling = torch.compiler.is_compiling()
+    if causal:
+        if compiling and "causal" not in layout._cache:
+            raise LayoutError("under torch.compile, causal=True needs the causal layout prepared eagerly: call "
+                              "layout.with_causal() once before the compiled function (it is cached)")
+        layout = layout.with_causal()
+    layout.validate_for(B, H, Sq, Sk)
+
+    if compiling:
+        # Traced by dynamo: no file system, no caches with side effects, nothing computed here and kept on the
+        # layout. The config is a trace-time constant (validated like the eager path's).
+        cfg_json = dispatch.config_json_traced(config, D, q.dtype, layout.block_m, layout.block_n,
+                                               layout.row_stats())
+        if q.device.type != "cuda":  # the eager path's fallback, as an op the graph can hold
+            o, lse = _attn_fwd_reference(q, k, v, layout.row_ptr, layout.col_idx, layout.block_kind,
+                                         [layout.block_m, layout.block_n, layout.window_left, layout.window_right],
+                                         scale)
+            return (o, lse) if return_lse else o
+        if layout.device != q.device:
+            raise LayoutError(f"under torch.compile the layout must already be on {q.device}: call "
+                              f"layout.to({str(q.device)!r}) once before the compiled function")
+        o, lse = _attn_fwd(q, k, v, layout.col_idx, layout.block_kind, _built_row_schedule(layout, causal),
+                           _meta(layout), scale, cfg_json)
+        return (o, lse) if return_lse else o
+
+    check_pointers(q, k, v)
+    cfg_json, lay = _eager_plan(layout, config, D, q.dtype, q.device)
+    if lay is None:
+        _fallback_warning("the inputs are not on a CUDA device" if not q.is_cuda
+                          else "no nvcc to build the kernel and no cached build")
+        o, lse = _fallback(q, k, v, layout, scale)
+        return (o, lse) if return_lse else o
+    # Plain eager calls launch directly: every argument is checked above and the index tensors are the layout's
+    # own; other calls go through the dispatcher to the op, which checks its arguments itself.
+    fwd = _launch if _direct_call_ok(q, k, v) else _attn_fwd
+    o, lse = fwd(q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(), _meta(lay), scale, cfg_json)
+    return (o, lse) if return_lse else o
+
+
+def _meta(lay) -> list[int]:
+    """[window_left, window_right, n_kblocks, rank_major] of a layout for the op. A window wider than both
+    sequences keeps every key, as the clamp to seq_q + seq_k does, and then fits the kernel's 32-bit ints."""
+    reach = lay.seq_q + lay.seq_k
+    wl, wr = (w if w < 0 else min(w, reach) for w in (lay.window_left, lay.window_right))
+    return [wl, wr, lay.n_kblocks, int(not lay.uniform_rows())]
+
+
+def _built_row_schedule(layout, causal: bool) -> torch.Tensor:
+    """The layout's row schedule, which must exist before tracing: computed inside a compiled region it would be
+    a cached intermediate of that region (under mode='reduce-overhead' a CUDA-graph output that the next replay
+    overwrites)."""
+    got = layout._cache.get("row_schedule")
+    if got is None:
+        which = "layout.with_causal().row_schedule()" if causal else "layout.row_schedule()"
+        raise LayoutError(f"under torch.compile the kernel reads the layout's row schedule, which must be built "
+                          f"before the compiled function runs: call {which} once eagerly on the layout on "
+                          f"{layout.device} (it is cached), or make one eager sparse_attention call")
+    return got
+
+
+def _eager_plan(layout, config, head_dim: int, dtype: torch.dtype, device: torch.device):
+    """(config JSON, layout on the device) for an eager call; the layout is None when the reference must run
+    (CPU tensors, or no kernel can be had). The config is resolved and checked first in every case, so a call
+    that the GPU refuses is refused on the CPU too. Kept in the layout's cache per (config, head_dim, dtype,
+    device) when config is None, a name or a Schedule, so a repeated call skips the config choice (an
+    AttentionConfig object is checked on every call)."""
+    key = ("plan", config, head_dim, dtype, device) if config is None or isinstance(config, (str, Schedule)) else None
+    got = layout._cache.get(key) if key is not None else None
+    if got is None:
+        cfg = dispatch.resolve_config(config, head_dim, dtype, layout)
+        if device.type != "cuda":
+            got = (json_of(cfg), None)
+        elif config is None and not dispatch.kernel_available(cfg):
+            return json_of(cfg), None
+        else:
+            got = (json_of(cfg), layout.to(device))
+        if key is not None:
+            layout._cache[key] = got
+    return got
+
+
+def precompile(*configs, dtype: torch.dtype | str | None = None, head_dim: int | None = None, layout=None):
+    """Build kernels ahead of time (e.g. before CUDA-graph capture or torch.compile). Returns the kernels.
+
+    Pass configs (AttentionConfig objects, named configs, inline JSON or dicts, as the CLI takes them), or
+    ``head_dim=`` (64, 128 or 256) and ``dtype=`` (torch.float16 / torch.bfloat16, or 'fp16' / 'bf16'), and
+    optionally ``layout=``, to build the config ``sparse_attention`` would pick. Everything is checked before
+    anything is compiled.
+    """
+    from ..jit.kernels import build
+    from ..jit.spec import resolve_config
+    todo = []
+    for c in configs:
+        if isinstance(c, (str, dict)):
+            todo.append(resolve_config(c))
+        elif isinstance(c, KernelConfig):
+            todo.append(c.validate())
+        else:
+            raise InvalidConfigError(f"precompile takes configs (an AttentionConfig, a named config, inline JSON "
+                                     f"or a dict), got {type(c).__name__} {c!r}")
+    if head_dim is not None or dtype is not None:
+        if head_dim is None or dtype is None:
+            raise InvalidConfigError("precompile needs both head_dim= and dtype= (or explicit configs)")
+        todo.append(default_config(head_dim, dtype, layout))
+    elif layout is not None:
+        raise InvalidConfigError("precompile's layout= picks the config for head_dim= and dtype=: pass them too")
+    return [build(c) for c in todo]
+
+
+__all__ = ["sparse_attention", "precompile", "default_config"]

@@ -1,0 +1,187 @@
+"""The one place choices are made for an op: which config serves these inputs and this layout (named config or
+derived, the default schedule), whether it can run on the device, what a traced call bakes in.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from ..errors import InvalidConfigError, ToolchainError
+from ..families.attn_fwd import AttentionConfig, Schedule
+from ..jit.spec import DType, KernelConfig
+from ._checks import DTYPES as _DTYPES, as_dtype, check_head_dim, check_layout_arg
+
+# Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
+_DEFAULT_STAGES = {64: 8, 128: 5, 256: 4}
+# When one CTA per tile in heaviest-first order (cooperative: the hardware hands tiles to free SMs) beats
+# persistent ping-pong CTAs (a static round-robin of the same order), from layout.row_stats() = (mean blocks per
+# row, coefficient of variation, fraction of rows shorter than the longest). Fitted to same-run measurements of
+# both schedules over seven mask families at D=64 and 128 on H100s (python -m blackwell_sparsek.bench.schedules,
+# bench/results/h100/schedules.json): rows whose lengths spread widely (causal: cv 0.57; BigBird's global rows)
+# go cooperative at both head dims; at D=128, where ping-pong's overlap gains less, so do layouts with many
+# short rows (a 2K window at 8K tokens, documents); at D=64 so do long uniform rows (dense at 8K: +2-3 % in
+# three runs). Elsewhere ping-pong (top-k, windows at long lengths) by 3-12 %.
+SPREAD_CV = 0.45
+SHORT_ROWS_D128 = 0.10
+LONG_ROWS_D64 = 48
+
+
+def default_schedule(head_dim: int, block_m: int, stats: tuple[float, float, float]) -> Schedule:
+    """The schedule sparse_attention picks: the single-warpgroup kernel for 64-row blocks, cooperative at head_dim
+    256 and where the rows' statistics say so (above), ping-pong otherwise."""
+    if block_m % 128:
+        return Schedule.SINGLE
+    mean, cv, short = stats
+    if head_dim > 128 or cv > SPREAD_CV:
+        return Schedule.COOPERATIVE
+    if head_dim >= 128:
+        return Schedule.COOPERATIVE if short > SHORT_ROWS_D128 else Schedule.PINGPONG
+    return Schedule.COOPERATIVE if mean >= LONG_ROWS_D64 and short == 0 else Schedule.PINGPONG
+
+
+# -- config choice ------------------------------------------------------------------------------------------
+
+def default_config(head_dim: int, dtype: torch.dtype | DType | str, layout=None, schedule: Schedule | None = None
+                   ) -> AttentionConfig:
+    """The config sparse_attention uses when none is given: a named config if one matches, else a derived one.
+    head_dim must be 64, 128 or 256 (InputError otherwise, before anything is built)."""
+    check_head_dim(head_dim)
+    dt = as_dtype(dtype)
+    if layout is not None:
+        check_layout_arg(layout)
+    if schedule is not None and not isinstance(schedule, Schedule):
+        schedule = _as_schedule(schedule)
+    if layout is None:
+        return _config_for(head_dim, dt, 128, 128, (0.0, 0.0, 0.0), schedule)
+    return _config_for(head_dim, dt, layout.block_m, layout.block_n, layout.row_stats(), schedule)
+
+
+def _config_for(head_dim: int, dt: DType, bm: int, bn: int, stats: tuple[float, float, float],
+                schedule: Schedule | None
+                ) -> AttentionConfig:
+    if schedule is None:
+        schedule = default_schedule(head_dim, bm, stats)
+    return _derived_config(head_dim, dt, bm, bn, schedule)
+
+
+def _as_schedule(schedule) -> Schedule:
+    for s in Schedule:
+        if isinstance(schedule, str) and schedule.lower() in (s.value, s.name.lower()):
+            return s
+    raise InvalidConfigError(f"schedule must be one of {[s.value for s in Schedule]} (or a Schedule), "
+                             f"got {schedule!r}")
+
+
+@lru_cache(maxsize=None)
+def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedule) -> AttentionConfig:
+    from ..jit.spec import load_named_configs
+    for cfg in load_named_configs().values():
+        if (isinstance(cfg, AttentionConfig) and cfg.head_dim == head_dim and cfg.dtype is dt and cfg.block_m == bm
+                and cfg.block_n == bn and cfg.schedule is schedule):
+            return cfg
+    single = schedule is Schedule.SINGLE
+    # one 64-row warpgroup per CTA, 2-3 CTAs per SM: 128-key tiles fit the shared memory only at head_dim 64
+    tile_n = 128 if bn % 128 == 0 and head_dim <= (64 if single else 128) else 64
+    cfg = AttentionConfig(head_dim=head_dim, dtype=dt, schedule=schedule, tile_m=schedule.tile_m,
+                          tile_n=tile_n, stages=4 if single else _DEFAULT_STAGES.get(head_dim, 2),
+                          block_m=bm, block_n=bn)
+    if cfg.problems():
+        near = cfg.nearest_valid()
+        if near is None or (near.block_m, near.block_n) != (bm, bn):
+            raise InvalidConfigError(
+                f"no sm90a attention kernel serves {bm}x{bn} layout blocks at head_dim {head_dim}: block_m must be "
+                f"a multiple of 64 (128 for the two-warpgroup kernels) and block_n a multiple of 64; build the "
+                f"layout with block_m=128, block_n=128 (reasons: {'; '.join(cfg.problems())})")
+        cfg = near
+    return cfg
+
+
+@lru_cache(maxsize=None)
+def validated(config: AttentionConfig) -> AttentionConfig:
+    return config.validate()
+
+
+@lru_cache(maxsize=None)
+def json_of(config: AttentionConfig) -> str:
+    return config.to_json()
+
+
+def resolve_config(config, head_dim: int, dtype: torch.dtype, layout) -> AttentionConfig:
+    """The config for these inputs (already checked) and layout (or its geometry under tracing), checked against
+    them: a named config, a Schedule, an AttentionConfig or None (the default)."""
+    if isinstance(config, str):
+        from ..jit.spec import get_config
+        config = get_config(config)
+    if config is None or isinstance(config, Schedule):
+        return _config_for(head_dim, _DTYPES[dtype], layout.block_m, layout.block_n, layout.row_stats(), config)
+    if not isinstance(config, AttentionConfig):
+        raise InvalidConfigError(f"config must be an AttentionConfig, a named config or a Schedule, "
+                                 f"not {type(config).__name__}")
+    validated(config)
+    want = _DTYPES[dtype]
+    if config.head_dim != head_dim or config.dtype is not want:
+        raise InvalidConfigError(
+            f"config {config.kernel_name} is for head_dim={config.head_dim}, dtype={config.dtype.value}; the inputs "
+            f"have head_dim={head_dim}, dtype={want.value}: pass config=None or a matching config")
+    if (config.block_m, config.block_n) != (layout.block_m, layout.block_n):
+        raise InvalidConfigError(
+            f"config {config.kernel_name} serves {config.block_m}x{config.block_n} blocks but the layout has "
+            f"{layout.block_m}x{layout.block_n}: use dataclasses.replace(config, block_m={layout.block_m}, "
+            f"block_n={layout.block_n}) or config=None")
+    return config
+
+
+@lru_cache(maxsize=None)
+def config_from_json(text: str) -> KernelConfig:
+    return KernelConfig.from_json(text)
+
+
+@lru_cache(maxsize=None)
+def sm_count(device_index: int | None) -> int:
+    from ..jit.runtime import device_info
+    return device_info(device_index if device_index is not None else torch.cuda.current_device()).sm_count
+
+
+@lru_cache(maxsize=None)
+def check_device(config_text: str, device_index: int) -> None:
+    """Once per (config, device): the kernel's arch matches the device and its shared memory fits (a typed
+    InvalidConfigError naming both otherwise) before the first launch there."""
+    from ..jit.runtime import check_device as _check
+    _check(config_from_json(config_text), device_index)
+
+
+def config_json_traced(config, head_dim, dtype, block_m, block_n, stats) -> str:
+    """The kernel config as JSON while dynamo traces. A bad config raises the eager path's InvalidConfigError from
+    traced code (an exception escaping an assume_constant_result function would surface as an internal dynamo
+    error instead)."""
+    cfg_json, error = _config_json_const(config, head_dim, dtype, block_m, block_n, stats)
+    if error:
+        raise InvalidConfigError(error)
+    return cfg_json
+
+
+@torch.compiler.assume_constant_result
+def _config_json_const(config, head_dim, dtype, block_m, block_n, stats) -> tuple[str, str]:
+    """(config JSON, "") or ("", the InvalidConfigError's message), computed once at trace time from plain values
+    (a torch.compile constant)."""
+    class _Geom:  # just what _resolve_config reads of a layout
+        pass
+    g = _Geom()
+    g.block_m, g.block_n = block_m, block_n
+    g.row_stats = lambda: stats
+    try:
+        return json_of(resolve_config(config, head_dim, dtype, g)), ""
+    except InvalidConfigError as e:
+        return "", str(e)
+
+
+@lru_cache(maxsize=None)
+def kernel_available(cfg: AttentionConfig) -> bool:
+    """True when the kernel is cached or can be compiled here (so a missing nvcc can fall back)."""
+    from ..jit.kernels import build
+    try:
+        build(cfg)
+    except ToolchainError:
+        return False
+    return True

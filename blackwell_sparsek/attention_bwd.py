@@ -203,6 +203,8 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
                                  t_sched=t_sched, t_rank=t_rank if det else None, dq_sem=dq_sem,
                                  window_left=meta[0], window_right=meta[1], scale=scale)
     dev = q.device.index
+    from .ops import dispatch
+    dispatch.check_device(config_json, dev)  # arch and shared memory, once per (config, device)
     with torch.cuda.device(dev):
         kernel.launch(torch._C._cuda_getCurrentRawStream(dev), **fields)
     if gqa:

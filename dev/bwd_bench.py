@@ -33,7 +33,7 @@ def _ours(name, layout, B, H, S, D, dtype, causal=False, det=False):
     q, k, v, do = _inputs(B, H, S, D, dtype)
     lay = (layout.with_causal() if causal else layout).to("cuda")
     o, lse = bsk.sparse_attention(q, k, v, lay, return_lse=True)
-    from blackwell_sparsek.ops import _eager_plan, _meta
+    from blackwell_sparsek.ops.attention import _eager_plan, _meta
     fwd_json, dlay = _eager_plan(lay, None, D, dtype, q.device)
     bjson = ab.bwd_config_json(fwd_json, det)
     args = (q, k, v, o, lse, do, None, dlay.col_idx, dlay.block_kind, dlay.row_schedule(), _meta(dlay),

@@ -24,7 +24,9 @@ def test_every_named_config_renders(name, clean_cwd):
     assert 'extern "C" int bsk_launch(' in src
     assert 'extern "C" int bsk_smem_bytes()' in src
     assert f"// config: {cfg.to_json()}" in src
-    assert f"/*HeadDim=*/{cfg.head_dim}" in src and f"/*Stages=*/{cfg.stages}" in src
+    assert f"/*HeadDim=*/{cfg.head_dim}" in src
+    if cfg.family == "attn_fwd":
+        assert f"/*Stages=*/{cfg.stages}" in src
     assert cfg.dtype.cutlass_type in src
     assert "{{" not in src and "{%" not in src
     assert codegen.render(cfg) == src  # deterministic

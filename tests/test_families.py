@@ -33,11 +33,22 @@ def _attn_fwd_args():
     return attn_fwd.launch_args(q, q, q, o, lse, lay.col_idx, lay.block_kind, lay.row_schedule(), meta, 0.125, 132)
 
 
-LAUNCH_ARGS = {"attn_fwd": _attn_fwd_args}
-try:  # the backward family, once it is in the house
-    from blackwell_sparsek.families import attn_bwd as _attn_bwd  # noqa: F401
-except ImportError:
-    pass
+def _attn_bwd_args():
+    from blackwell_sparsek.attention_bwd import transposed_view
+    from blackwell_sparsek.families import attn_bwd
+    from blackwell_sparsek.layout import BlockSparseLayout
+    lay = BlockSparseLayout.random_topk(300, 2, seed=0, block_m=128, block_n=128)
+    q = torch.zeros(1, 2, 300, 64, dtype=torch.float16)
+    lse, ws = torch.zeros(1, 2, 300), torch.zeros(2, 1, 2, 300)
+    t_q, t_kind, t_sched, t_rank = transposed_view(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks,
+                                                   300, 128)
+    return attn_bwd.launch_args(q=q, k=q, v=q, o=q, do=q, lse=lse, glse=None, lse2=ws[0], delta=ws[1],
+                                dq_acc=torch.zeros(1, 2, 300, 64), dq=q, dk=q, dv=q, t_q_idx=t_q, t_kind=t_kind,
+                                t_sched=t_sched, t_rank=t_rank, dq_sem=torch.zeros(1, 2, 5, dtype=torch.int32),
+                                window_left=-1, window_right=-1, scale=0.125)
+
+
+LAUNCH_ARGS = {"attn_fwd": _attn_fwd_args, "attn_bwd": _attn_bwd_args}
 
 
 # -- a tiny family: what a new family needs at least -----------------------------------------------------------

@@ -76,7 +76,8 @@ def test_head_dim_zero_and_empty_heads_are_typed_errors():
 def test_cpu_fallback_refuses_what_the_gpu_refuses(fake_nvcc):
     q, k, v = _qkv(Sq=256, Sk=256, D=64)
     lay = L.dense(256)
-    d64_fp16 = next(c for c in bsk.load_named_configs().values() if c.head_dim == 64 and c.dtype is DType.FP16)
+    d64_fp16 = next(c for c in bsk.load_named_configs().values()
+                    if c.family == "attn_fwd" and c.head_dim == 64 and c.dtype is DType.FP16)
     with pytest.raises(InvalidConfigError, match="no named config"):
         bsk.sparse_attention(q, k, v, lay, config="bsk_sm90a_attn_fwd_d64_fp16_t128x128_cop_s8_b128x128")
     with pytest.raises(InvalidConfigError, match="not int"):

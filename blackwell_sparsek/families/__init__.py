@@ -1,2 +1,3 @@
 """Kernel families, one module each; importing this package registers every family with jit.spec."""
+from . import attn_bwd  # noqa: F401
 from . import attn_fwd  # noqa: F401

@@ -1,0 +1,317 @@
+"""Backward of block-sparse attention: the ``blackwell_sparsek::attn_bwd`` custom op and the autograd formula of
+``blackwell_sparsek::attn_fwd``.
+
+Importing this module registers both (``torch.library.register_autograd`` on the forward op). The forward op's
+arguments are all the backward gets of the layout (col_idx, block_kind, row_sched, meta), so the transposed view
+the kernel walks (per key block, the query blocks that list it) is derived from them here, on their device, with
+torch ops only (no host sync), and cached by the identity of those tensors (a layout keeps its device tensors, so
+training steps reuse one view).
+
+The backward kernel (family ``attn_bwd``, ``blackwell_sparsek.families.attn_bwd``) does everything in one launcher
+call on torch's current stream: zero the fp32 dQ accumulator, prep (delta = rowsum(dO * O) - g_lse in fp32 and
+LSE2 = LSE * log2(e), +inf on rows with no visible key), the main kernel, and the dQ convert. dK/dV come out per
+query head and GQA sums them here. On tensors that are not on a CUDA device the op computes the same formulas
+densely in float64 (tests; the public API's CPU fallback is the reference's own autograd).
+"""
+from __future__ import annotations
+
+import weakref
+from functools import lru_cache
+from typing import Optional
+
+import torch
+
+from . import ops as _ops  # noqa: F401  (defines blackwell_sparsek::attn_fwd, whose autograd this registers)
+from .errors import InputError, InvalidConfigError
+from .families import attn_bwd as _family
+from .families.attn_bwd import AttnBwdConfig
+from .families.attn_fwd import AttentionConfig
+from .jit.spec import DType, KernelConfig
+
+_DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
+_BOUNDS, _RULE = 1, 2        # block-kind bits (blackwell_sparsek.layout)
+
+
+# -- the transposed view -----------------------------------------------------------------------------------------
+
+def _slot_rows(col_idx: torch.Tensor, row_sched: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(row, valid, rank) per col_idx slot [Hl, W]: the query-block row each slot belongs to, whether it is a listed
+    block (padding after the head's last row is not), and its position in the row. From the schedule entries
+    (row, start, end, first)."""
+    hl, w = col_idx.shape
+    nq = row_sched.shape[1]
+    dev = col_idx.device
+    rows = row_sched[..., 0].long()
+    counts = torch.zeros(hl, nq, dtype=torch.long, device=dev)
+    counts.scatter_(1, rows, (row_sched[..., 2] - row_sched[..., 1]).long())
+    ptr = torch.zeros(hl, nq + 1, dtype=torch.long, device=dev)
+    ptr[:, 1:] = torch.cumsum(counts, 1)
+    pos = torch.arange(w, device=dev).expand(hl, w).contiguous()
+    row = (torch.searchsorted(ptr, pos, right=True) - 1).clamp_(0, nq - 1)
+    return row, pos < ptr[:, -1:], pos - torch.gather(ptr, 1, row)
+
+
+def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: torch.Tensor, n_kblocks: int,
+                    seq_q: int, block_m: int, ascending: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layout's transpose as the backward kernel reads it: (t_q_idx int32 [Hl, W], t_kind uint8 [Hl, W],
+    t_sched int32 [Hl, nk, 4], t_rank int32 [Hl, W]). Row j of the transpose (key block j) lists, ascending, the
+    query blocks whose row lists j; kinds are carried over, with BOUNDS added on the last query block when
+    seq_q % block_m (its rows past seq_q): BlockSparseLayout.transpose()'s col_idx, block_kind and row_schedule()
+    plus the forward's key-end BOUNDS bits (the kernel masks keys past seq_k as well; unmasked, S = 0 there and
+    P = 2^-LSE2 overflows once LSE < -88). t_rank is each entry's position in its query block's own list. t_sched has
+    the forward's packing: (key block, start, end, first query block | kind << 24), heaviest key blocks first
+    (stable), or in key-block order with ``ascending`` (the deterministic kernel's order: a key block's CTAs start
+    after those of every key block before it). W = col_idx's width (each head's nnz fits). Device ops only, no host
+    sync."""
+    hl, w = col_idx.shape
+    nq = row_sched.shape[1]
+    nk = int(n_kblocks)
+    dev = col_idx.device
+    row, valid, rank = _slot_rows(col_idx, row_sched)
+    col = col_idx.long()
+    end_key = nk * nq
+    key = torch.where(valid, col * nq + row, torch.full_like(col, end_key))
+    skey, order = torch.sort(key, dim=1, stable=True)
+    svalid = skey < end_key
+    t_q = torch.where(svalid, skey % nq, torch.zeros_like(skey))
+    kind = torch.gather(block_kind, 1, order)
+    if seq_q % block_m:
+        kind = kind | ((t_q == nq - 1) & svalid).to(torch.uint8) * _BOUNDS
+    kind = torch.where(svalid, kind, torch.zeros_like(kind))
+    t_q_idx = t_q.to(torch.int32)
+    t_rank = torch.where(svalid, torch.gather(rank, 1, order), torch.zeros_like(rank)).to(torch.int32)
+    # the sorted keys' columns (nk past the listed ones) give each key block's [start, end) directly
+    tcol = torch.where(svalid, torch.div(skey, nq, rounding_mode="floor"), torch.full_like(skey, nk)).contiguous()
+    tptr = torch.searchsorted(tcol, torch.arange(nk + 1, device=dev).expand(hl, nk + 1).contiguous())
+    tcounts = tptr[:, 1:] - tptr[:, :-1]
+    if ascending:
+        korder = torch.arange(nk, device=dev).expand(hl, nk)
+    else:
+        korder = torch.sort(tcounts, dim=1, descending=True, stable=True).indices
+    start = torch.gather(tptr[:, :-1], 1, korder)
+    end = torch.gather(tptr[:, 1:], 1, korder)
+    packed = t_q_idx.long() | (kind.long() << 24)
+    first = torch.where(end > start, torch.gather(packed, 1, start.clamp(max=w - 1)), torch.zeros_like(start))
+    t_sched = torch.stack([korder, start, end, first], dim=2).to(torch.int32).contiguous()
+    return t_q_idx.contiguous(), kind.contiguous(), t_sched, t_rank.contiguous()
+
+
+_TCACHE: dict[int, tuple] = {}
+_TCACHE_MAX = 64
+
+
+def _transposed_cached(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, ascending=False):
+    """transposed_view(), cached by the identity (and version) of the three layout tensors."""
+    facts = (int(n_kblocks), int(seq_q), int(block_m), bool(ascending), col_idx._version, block_kind._version,
+             row_sched._version)
+    hit = _TCACHE.get((id(col_idx), bool(ascending)))
+    if hit is not None:
+        refs, got_facts, view = hit
+        if all(r() is t for r, t in zip(refs, (col_idx, block_kind, row_sched))) and got_facts == facts:
+            return view
+    view = transposed_view(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, ascending)
+    if len(_TCACHE) >= _TCACHE_MAX:
+        _TCACHE.pop(next(iter(_TCACHE)))
+    _TCACHE[(id(col_idx), bool(ascending))] = (tuple(weakref.ref(t) for t in (col_idx, block_kind, row_sched)), facts, view)
+    return view
+
+
+# -- configs ---------------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def bwd_config_json(fwd_config_json: str, deterministic: bool = False) -> str:
+    """The backward kernel's config (JSON) for the forward config that produced O and LSE."""
+    fwd = KernelConfig.from_json(fwd_config_json)
+    if not isinstance(fwd, AttentionConfig):
+        raise InvalidConfigError(f"attention backward needs an attn_fwd config, got family {fwd.family!r}")
+    return _family.config_for(fwd.head_dim, fwd.dtype, fwd.block_m, fwd.block_n, deterministic).to_json()
+
+
+@lru_cache(maxsize=None)
+def _bwd_config(text: str) -> AttnBwdConfig:
+    cfg = AttnBwdConfig.from_json(text)
+    if not isinstance(cfg, AttnBwdConfig):
+        raise InvalidConfigError(f"not an attn_bwd config: {text}")
+    return cfg.validate()
+
+
+@lru_cache(maxsize=None)
+def _kernel_for(text: str):
+    from .jit.kernels import build
+    return build(_bwd_config(text))
+
+
+def _poison() -> bool:
+    from . import _env
+    return _env.flag("BSK_POISON")
+
+
+# -- the op --------------------------------------------------------------------------------------------------
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    es = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(t.stride(d) * es % 16 == 0 or t.shape[d] == 1 for d in range(3)))
+
+
+def _check(q, k, v, o, lse, do, cfg: AttnBwdConfig) -> None:
+    if q.dtype not in _DTYPES or not (q.dtype == k.dtype == v.dtype == o.dtype):
+        raise InputError(f"q, k, v, o must share one dtype, float16 or bfloat16; got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}, {o.dtype}")
+    if _DTYPES[q.dtype] is not cfg.dtype or q.shape[-1] != cfg.head_dim:
+        raise InvalidConfigError(f"{cfg.kernel_name} is for head_dim={cfg.head_dim}, {cfg.dtype.value}; the "
+                                 f"inputs have head_dim={q.shape[-1]}, {q.dtype}")
+    if do.shape != o.shape or lse.shape != o.shape[:3] or lse.dtype != torch.float32:
+        raise InputError(f"grad_o {tuple(do.shape)} must match O {tuple(o.shape)} and LSE must be float32 "
+                         f"{tuple(o.shape[:3])}, got {lse.dtype} {tuple(lse.shape)}")
+
+
+def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale, config_json):
+    cfg = _bwd_config(config_json)
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    if do.dtype != q.dtype:
+        do = do.to(q.dtype)
+    if not _tma_ready(do):
+        do = do.contiguous()
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+        if not _tma_ready(t):
+            raise InputError(f"{name} strides {t.stride()} (or its address) are not 16-byte aligned for TMA")
+    lse = lse.contiguous()
+    glse = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
+    det = cfg.deterministic
+    t_q_idx, t_kind, t_sched, t_rank = _transposed_cached(col_idx, block_kind, row_sched, meta[2], Sq,
+                                                          cfg.block_m, ascending=det)
+    kernel = _kernel_for(config_json)
+
+    sq_pad = (Sq + 3) // 4 * 4            # 16-byte rows for the TMA loads of LSE2 and delta
+    ws = torch.empty((2, B, H, sq_pad), dtype=torch.float32, device=q.device)
+    dq_acc = torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
+    # deterministic: one turn counter per 64-query dQ tile (zeroed by the launcher)
+    dq_sem = torch.empty((B, H, (Sq + 63) // 64), dtype=torch.int32, device=q.device) if det else None
+    dq = torch.empty_like(q)
+    gqa = Hkv != H
+    dk = torch.empty((B, H, Sk, D), dtype=q.dtype, device=q.device) if gqa else torch.empty_like(k)
+    dv = torch.empty((B, H, Sk, D), dtype=q.dtype, device=q.device) if gqa else torch.empty_like(v)
+    if _poison():
+        for t in (ws, dq, dk, dv):
+            t.fill_(float("nan"))
+    fields = _family.launch_args(q=q, k=k, v=v, o=o, do=do, lse=lse, glse=glse, lse2=ws[0], delta=ws[1],
+                                 dq_acc=dq_acc, dq=dq, dk=dk, dv=dv, t_q_idx=t_q_idx, t_kind=t_kind,
+                                 t_sched=t_sched, t_rank=t_rank if det else None, dq_sem=dq_sem,
+                                 window_left=meta[0], window_right=meta[1], scale=scale)
+    dev = q.device.index
+    from .ops import dispatch
+    dispatch.check_device(config_json, dev)  # arch and shared memory, once per (config, device)
+    with torch.cuda.device(dev):
+        kernel.launch(torch._C._cuda_getCurrentRawStream(dev), **fields)
+    if gqa:
+        g = H // Hkv
+        dk_out, dv_out = torch.empty_like(k), torch.empty_like(v)
+        dk_out.copy_(dk.view(B, Hkv, g, Sk, D).sum(2, dtype=torch.float32))
+        dv_out.copy_(dv.view(B, Hkv, g, Sk, D).sum(2, dtype=torch.float32))
+        dk, dv = dk_out, dv_out
+    return dq, dk, dv
+
+
+def element_mask(col_idx, block_kind, row_sched, meta, seq_q: int, seq_k: int, block_m: int,
+                 block_n: int) -> torch.Tensor:
+    """bool [Hl, seq_q, seq_k]: the element mask the op's layout arguments describe (for the dense path)."""
+    hl = col_idx.shape[0]
+    nq, nk = row_sched.shape[1], int(meta[2])
+    row, valid, _ = _slot_rows(col_idx, row_sched)
+    h = torch.arange(hl, device=col_idx.device).unsqueeze(1).expand_as(row)
+    grid = torch.full((hl, nq, nk), -1, dtype=torch.int16, device=col_idx.device)
+    grid[h[valid], row[valid], col_idx.long()[valid]] = block_kind[valid].to(torch.int16)
+    g = grid[:, torch.arange(seq_q) // block_m][:, :, torch.arange(seq_k) // block_n]
+    qp = torch.arange(seq_q).unsqueeze(1) + (seq_k - seq_q)
+    kk = torch.arange(seq_k).unsqueeze(0)
+    rule = torch.ones(seq_q, seq_k, dtype=torch.bool)
+    if meta[0] >= 0:
+        rule &= kk >= qp - meta[0]
+    if meta[1] >= 0:
+        rule &= kk <= qp + meta[1]
+    return (g >= 0) & (((g & _RULE) == 0) | rule.to(g.device))
+
+
+def _attn_bwd_dense(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale, config_json):
+    """The kernel's formulas, densely in float64: P = exp(S * scale - LSE) (0 where LSE = -inf or masked),
+    dV = P^T dO, dS = P (dO V^T - delta), delta = rowsum(dO O) - g_lse, dQ = scale dS K, dK = scale dS^T Q."""
+    cfg = _bwd_config(config_json)
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    g = H // Hkv
+    mask = element_mask(col_idx.cpu(), block_kind.cpu(), row_sched.cpu(), meta, Sq, Sk, cfg.block_m,
+                        cfg.block_n).to(q.device).unsqueeze(0)
+    qd, kd, vd, od, dod = (t.double() for t in (q, k, v, o, do))
+    kd, vd = kd.repeat_interleave(g, 1), vd.repeat_interleave(g, 1)
+    lse_d = lse.double().unsqueeze(-1)
+    s = torch.matmul(qd, kd.transpose(-1, -2)) * scale
+    p = torch.where(mask & torch.isfinite(lse_d), torch.exp(s - lse_d.nan_to_num(posinf=0.0, neginf=0.0)), 0.0)
+    delta = (dod * od).sum(-1, keepdim=True)
+    if grad_lse is not None:
+        delta = delta - grad_lse.double().unsqueeze(-1)
+    ds = p * (torch.matmul(dod, vd.transpose(-1, -2)) - delta)
+    dq = torch.matmul(ds, kd) * scale
+    dk = (torch.matmul(ds.transpose(-1, -2), qd) * scale).view(B, Hkv, g, Sk, D).sum(2)
+    dv = torch.matmul(p.transpose(-1, -2), dod).view(B, Hkv, g, Sk, D).sum(2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@torch.library.custom_op("blackwell_sparsek::attn_bwd", mutates_args=())
+def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+             do: torch.Tensor, grad_lse: Optional[torch.Tensor], col_idx: torch.Tensor, block_kind: torch.Tensor,
+             row_sched: torch.Tensor, meta: list[int], scale: float,
+             config_json: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of blackwell_sparsek::attn_fwd. meta = [window_left, window_right, n_kblocks, rank_major] as the
+    forward got it; config_json: the attn_bwd config (bwd_config_json of the forward's)."""
+    _check(q, k, v, o, lse, do, _bwd_config(config_json))
+    if q.is_cuda:
+        return _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale,
+                              config_json)
+    return _attn_bwd_dense(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale,
+                           config_json)
+
+
+@attn_bwd.register_fake
+def _attn_bwd_fake(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale, config_json):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+# -- autograd of the forward op ----------------------------------------------------------------------------------
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, col_idx, block_kind, row_sched)
+    ctx.meta = list(meta)
+    ctx.scale = float(scale)
+    ctx.config_json = config_json
+
+
+def deterministic_from_meta(meta) -> bool:
+    """The backward's mode: meta[4] when the forward got one (1 deterministic, 0 fast; -1 or absent: follow
+    torch.use_deterministic_algorithms). The forward kernel reads meta[0:4] only."""
+    if len(meta) > 4 and meta[4] >= 0:
+        return bool(meta[4])
+    return torch.are_deterministic_algorithms_enabled()
+
+
+def _backward(ctx, grad_o, grad_lse):
+    """dQ, dK, dV through attn_bwd; the deterministic kernel (bitwise-identical gradients run to run) when
+    deterministic_from_meta says so."""
+    q, k, v, o, lse, col_idx, block_kind, row_sched = ctx.saved_tensors
+    if grad_o is None:
+        grad_o = torch.zeros_like(o)
+    det = deterministic_from_meta(ctx.meta)
+    dq, dk, dv = attn_bwd(q, k, v, o, lse, grad_o, grad_lse, col_idx, block_kind, row_sched, ctx.meta, ctx.scale,
+                          bwd_config_json(ctx.config_json, det))
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+torch.library.register_autograd("blackwell_sparsek::attn_fwd", _backward, setup_context=_setup_context)
+
+
+__all__ = ["attn_bwd", "transposed_view", "element_mask", "bwd_config_json", "deterministic_from_meta"]

@@ -1,0 +1,21 @@
+"""Smoke check of the attention backward on a GPU: two small cases against the float64 reference, printed.
+Run first by dev/bwd_gpu.sh under a timeout, so a hang or a launch error stops the session early."""
+import torch
+
+import blackwell_sparsek as bsk
+import blackwell_sparsek.attention_bwd  # noqa: F401  (registers the autograd of attn_fwd)
+from blackwell_sparsek.reference import attention_reference, relative_error
+
+L = bsk.BlockSparseLayout
+for D, dt, causal in ((64, torch.float16, False), (128, torch.bfloat16, True)):
+    lay = L.random_topk(seq_q=700, k=3, seed=1, num_heads=2).to("cuda")
+    g = torch.Generator(device="cuda").manual_seed(D)
+    q, k, v, do = (torch.randn(1, 2, 700, D, device="cuda", generator=g).to(dt) for _ in range(4))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    bsk.sparse_attention(qg, kg, vg, lay, causal=causal).backward(do)
+    torch.cuda.synchronize()
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    attention_reference(qd, kd, vd, lay, causal=causal)[0].backward(do.double())
+    errs = [relative_error(a, b) for a, b in ((qg.grad, qd.grad), (kg.grad, kd.grad), (vg.grad, vd.grad))]
+    print(f"smoke D={D} {dt} causal={causal}: rel err dq {errs[0]:.2e} dk {errs[1]:.2e} dv {errs[2]:.2e}",
+          flush=True)

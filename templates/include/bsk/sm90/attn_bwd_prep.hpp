@@ -1,0 +1,89 @@
+// BlackwellSparseK backward (sm_90a): the two small kernels around the main one.
+//
+//   * prep: per query row, delta = rowsum(dO * O) in fp32 (minus the LSE's own gradient when the caller passes
+//     one: d lse / d s = P folds into dS = P (dP - delta + g_lse)), and LSE2 = LSE * log2(e), +inf where the
+//     forward's LSE is -inf (a row with no visible key), so the main kernel's exp2(S * scale * log2(e) - LSE2) is
+//     0 there instead of NaN. One warp per row, 16-byte loads.
+//   * convert: the fp32 dQ accumulator ((B, H, Sq, D), contiguous) into dQ in the caller's element type and
+//     strides, 8 elements per thread.
+#pragma once
+
+#include <cstdint>
+
+#include "cutlass/cutlass.h"
+#include "cutlass/numeric_types.h"
+
+namespace bsk::bwd {
+
+struct PrepParams {
+  const void* o;
+  const void* dO;
+  const float* lse;        // (B, H, Sq) strides lse_b, lse_h, 1
+  const float* glse;       // same layout as lse, or null
+  float* lse2;             // (B, H, >= Sq) strides out_b, out_h, 1
+  float* delta;            // same layout as lse2
+  long long o_b, o_h, o_s, do_b, do_h, do_s, lse_b, lse_h, out_b, out_h;
+  int heads, seq_q, head_dim;
+  long long rows;          // B * H * Sq
+};
+
+template <class Element>
+__global__ void __launch_bounds__(256) attn_bwd_prep_kernel(PrepParams p) {
+  long long row = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+  int lane = threadIdx.x % 32;
+  if (row >= p.rows) return;
+  int s = int(row % p.seq_q);
+  long long bh = row / p.seq_q;
+  int h = int(bh % p.heads);
+  long long b = bh / p.heads;
+  auto o = static_cast<const Element*>(p.o) + b * p.o_b + h * p.o_h + s * p.o_s;
+  auto d = static_cast<const Element*>(p.dO) + b * p.do_b + h * p.do_h + s * p.do_s;
+  float acc = 0.f;
+  for (int c = lane * 8; c < p.head_dim; c += 32 * 8) {
+    uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+    uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+    const Element* oe = reinterpret_cast<const Element*>(&ov);
+    const Element* de = reinterpret_cast<const Element*>(&dv);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 8; ++i) acc += float(oe[i]) * float(de[i]);
+  }
+  CUTLASS_PRAGMA_UNROLL
+  for (int m = 16; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+  if (lane == 0) {
+    long long in = b * p.lse_b + h * p.lse_h + s;
+    long long out = b * p.out_b + h * p.out_h + s;
+    float lse = p.lse[in];
+    float g = p.glse != nullptr ? p.glse[in] : 0.f;
+    p.lse2[out] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+    p.delta[out] = acc - g;
+  }
+}
+
+struct ConvertParams {
+  const float* src;        // (B, H, Sq, D) contiguous
+  void* dst;
+  long long dst_b, dst_h, dst_s;
+  int heads, seq_q, head_dim;
+  long long chunks;        // B * H * Sq * D / 8
+};
+
+template <class Element>
+__global__ void __launch_bounds__(256) attn_bwd_convert_kernel(ConvertParams p) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= p.chunks) return;
+  int per_row = p.head_dim / 8;
+  int c = int(i % per_row) * 8;
+  long long row = i / per_row;
+  int s = int(row % p.seq_q);
+  long long bh = row / p.seq_q;
+  int h = int(bh % p.heads);
+  long long b = bh / p.heads;
+  const float4* src = reinterpret_cast<const float4*>(p.src + i * 8);
+  float4 x = src[0], y = src[1];
+  alignas(16) Element out[8] = {Element(x.x), Element(x.y), Element(x.z), Element(x.w),
+                    Element(y.x), Element(y.y), Element(y.z), Element(y.w)};
+  auto dst = static_cast<Element*>(p.dst) + b * p.dst_b + h * p.dst_h + s * p.dst_s + c;
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
+}
+
+}  // namespace bsk::bwd

@@ -1,0 +1,357 @@
+"""Attention backward without a GPU: the attn_bwd family (config rules, names, rendering, ABI), the transposed
+layout view, the op's dense formulas against the reference's autograd, the autograd wiring of attn_fwd, bad
+inputs, and one real nvcc compile (``-k real_compile``)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from blackwell_sparsek import InputError, InvalidConfigError
+from blackwell_sparsek import attention_bwd as ab
+from blackwell_sparsek.errors import ToolchainError
+from blackwell_sparsek.families import attn_bwd as fam
+from blackwell_sparsek.families.attn_bwd import AttnBwdConfig
+from blackwell_sparsek.families.attn_fwd import AttentionConfig
+from blackwell_sparsek.jit import compiler, kernels, runtime
+from blackwell_sparsek.jit.codegen import render
+from blackwell_sparsek.jit.spec import DType, KernelConfig, families, load_named_configs
+from blackwell_sparsek.layout import BOUNDS, BlockSparseLayout
+from blackwell_sparsek.reference import attention_reference, relative_error
+
+
+# -- config ----------------------------------------------------------------------------------------------------
+
+def test_family_registered_and_round_trips():
+    assert families()["attn_bwd"] is AttnBwdConfig
+    cfg = AttnBwdConfig(head_dim=64, dtype="bf16")
+    assert cfg.dtype is DType.BF16
+    back = KernelConfig.from_json(cfg.to_json())
+    assert back == cfg and isinstance(back, AttnBwdConfig)
+    assert json.loads(cfg.to_json())["family"] == "attn_bwd"
+
+
+def test_named_configs_valid_and_named_by_kernel():
+    named = fam.named_configs()
+    assert len(named) == 8
+    facts = set()
+    for stem, cfg in named.items():
+        assert cfg.problems() == []
+        assert stem == cfg.config_name and cfg.kernel_name.startswith(stem + "_")
+        assert re.fullmatch(r"[0-9a-f]{12}", cfg.kernel_name[len(stem) + 1:])
+        facts.add((cfg.head_dim, cfg.dtype, cfg.deterministic))
+    assert facts == {(d, t, det) for d in (64, 128) for t in (DType.FP16, DType.BF16) for det in (False, True)}
+    assert len({c.kernel_name for c in named.values()}) == len(named)
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(head_dim=256), "use 64 or 128"),
+    (dict(head_dim=96), "use 64 or 128"),
+    (dict(block_n=64), "block_n 64 must be a positive multiple of 128"),
+    (dict(block_m=96), "block_m 96 must be a positive multiple of 64"),
+    (dict(tile_m=128), "tile_m=64, tile_n=128"),
+    (dict(arch="sm100a"), "use arch='sm90a'"),
+])
+def test_invalid_configs_name_the_fix(change, words):
+    cfg = dataclasses.replace(AttnBwdConfig(), **change)
+    probs = cfg.problems()
+    assert any(words in p for p in probs), probs
+    with pytest.raises(InvalidConfigError, match="nearest valid config"):
+        cfg.validate()
+    near = cfg.nearest_valid()
+    assert near is not None and near.problems() == []
+
+
+@pytest.mark.parametrize("field, value", [("head_dim", "128"), ("block_m", True), ("tile_n", 128.0)])
+def test_integer_fields_are_ints(field, value):
+    with pytest.raises(InvalidConfigError, match=f"{field} must be an int"):
+        AttnBwdConfig(**{field: value})
+
+
+def test_deterministic_is_its_own_kernel():
+    fast, det = AttnBwdConfig(), AttnBwdConfig(deterministic=True)
+    assert det.kernel_name != fast.kernel_name and "_b128x128_det_" in det.kernel_name
+    assert "/*Deterministic=*/true" in render(det) and "/*Deterministic=*/false" in render(fast)
+    assert fam.config_for(128, DType.FP16, 128, 128, True) == det
+    with pytest.raises(InvalidConfigError, match="deterministic must be a bool"):
+        AttnBwdConfig(deterministic=1)
+    fwd = AttentionConfig(head_dim=128, tile_n=64, stages=2).to_json()
+    assert AttnBwdConfig.from_json(ab.bwd_config_json(fwd, True)).deterministic
+
+
+def test_deterministic_from_meta():
+    assert ab.deterministic_from_meta([-1, 0, 4, 1, 1]) is True
+    assert ab.deterministic_from_meta([-1, 0, 4, 1, 0]) is False
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        assert ab.deterministic_from_meta([-1, 0, 4, 1]) is True
+        assert ab.deterministic_from_meta([-1, 0, 4, 1, -1]) is True
+        assert ab.deterministic_from_meta([-1, 0, 4, 1, 0]) is False
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert ab.deterministic_from_meta([-1, 0, 4, 1]) is False
+
+
+def test_smem_fits_and_config_for():
+    for d in (64, 128):
+        assert AttnBwdConfig(head_dim=d).smem_bytes() <= 232448
+    cfg = fam.config_for(128, DType.FP16, 128, 128)
+    assert cfg == fam.named_configs()[cfg.config_name]
+    assert fam.config_for(64, DType.BF16, 256, 256).block_n == 256  # derived, not named
+    with pytest.raises(InvalidConfigError, match="block_n=128"):
+        fam.config_for(128, DType.FP16, 128, 64)
+
+
+def test_bwd_config_from_forward_config():
+    fwd = AttentionConfig(head_dim=64, dtype=DType.BF16, tile_n=128, stages=4)
+    bwd = AttnBwdConfig.from_json(ab.bwd_config_json(fwd.to_json()))
+    assert (bwd.head_dim, bwd.dtype, bwd.block_m, bwd.block_n) == (64, DType.BF16, 128, 128)
+    with pytest.raises(InvalidConfigError, match="attn_fwd config"):
+        ab.bwd_config_json(AttnBwdConfig().to_json())
+
+
+# -- rendering and ABI -----------------------------------------------------------------------------------------
+
+def _rendered_struct(src: str, name: str) -> list[tuple[str, str]]:
+    body = re.search(r"struct " + re.escape(name) + r"_args \{(.*?)\};", src, re.S).group(1)
+    out = []
+    for line in body.strip().splitlines():
+        m = re.fullmatch(r"\s*(.+?)\s*(\w+);\s*", line)
+        out.append((m.group(2), m.group(1)))
+    return out
+
+
+@pytest.mark.parametrize("stem", sorted(fam.named_configs()))
+def test_render_named(stem):
+    cfg = fam.named_configs()[stem]
+    src = render(cfg)
+    assert '#include "bsk/sm90/attn_bwd_kernel.hpp"' in src
+    assert f"struct {cfg.kernel_name} :" in src and f'return "{cfg.kernel_name}"' in src
+    assert f"/*HeadDim=*/{cfg.head_dim}," in src and cfg.dtype.cutlass_type in src
+    assert _rendered_struct(src, cfg.kernel_name) == list(AttnBwdConfig.abi)
+
+
+def test_abi_struct_launch_args_and_ctypes_agree():
+    abi = AttnBwdConfig.abi
+    names = [f for f, _ in abi]
+    assert len(set(names)) == len(names)
+    B, H, Hkv, Sq, Sk, D = 2, 4, 2, 100, 70, 64
+    q = torch.zeros(B, H, Sq, D, dtype=torch.float16)
+    k = torch.zeros(B, Hkv, Sk, D, dtype=torch.float16)
+    lay = BlockSparseLayout.random_topk(Sq, 1, seq_k=Sk, num_heads=H)
+    t = ab.transposed_view(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, Sq, 128)
+    assert len(t) == 4
+    ws = torch.zeros(2, B, H, 104)
+    f = fam.launch_args(q=q, k=k, v=k, o=q, do=q, lse=torch.zeros(B, H, Sq), glse=None, lse2=ws[0], delta=ws[1],
+                        dq_acc=torch.zeros(B, H, Sq, D), dq=q, dk=q, dv=q, t_q_idx=t[0], t_kind=t[1],
+                        t_sched=t[2], t_rank=None, dq_sem=None, window_left=-1, window_right=0, scale=0.125)
+    assert list(f) == names
+    assert (f["heads_kv"], f["seq_k"], f["ws_stride_h"], f["n_kblocks"], f["layout_heads"]) == (2, 70, 104, 1, 4)
+    assert f["glse"] is None and f["t_rank"] is None and f["dq_sem"] is None
+    st = runtime.args_struct(abi)
+    assert [x[0] for x in st._fields_] == names
+    assert ctypes_size_of(st) == sum(8 if ("*" in c or "long" in c) else 4 for _, c in abi)
+    with pytest.raises(InvalidConfigError, match="one stride pair"):
+        fam.launch_args(**{**dict(q=q, k=k, v=k, o=q, do=q, lse=torch.zeros(B, H, Sq), glse=None),
+                           "lse2": ws[0], "delta": torch.zeros(B, H, Sq), "dq_acc": q, "dq": q, "dk": q, "dv": q,
+                           "t_q_idx": t[0], "t_kind": t[1], "t_sched": t[2], "t_rank": None, "dq_sem": None,
+                           "window_left": -1,
+                           "window_right": -1, "scale": 1.0})
+
+
+def ctypes_size_of(st) -> int:
+    import ctypes
+    return ctypes.sizeof(st)
+
+
+# -- the transposed view ---------------------------------------------------------------------------------------
+
+def _layouts():
+    return {
+        "topk_per_head": BlockSparseLayout.random_topk(1000, 3, seed=3, num_heads=3),
+        "causal_odd": BlockSparseLayout.causal(777, 1000),
+        "causal_short_q": BlockSparseLayout.causal(300, 900),
+        "window": BlockSparseLayout.sliding_window(1100, 300),
+        "empty_rows_cols": BlockSparseLayout.from_block_mask(
+            torch.tensor([[[1, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 1], [0, 0, 0, 0]]], dtype=torch.bool),
+            seq_q=450, seq_k=500),
+        "topk_64_256": BlockSparseLayout.random_topk(700, 2, seed=5, block_m=64, block_n=256, num_heads=2),
+    }
+
+
+@pytest.mark.parametrize("ascending", [False, True], ids=["heaviest_first", "ascending"])
+@pytest.mark.parametrize("name", sorted(_layouts()))
+def test_transposed_view_matches_layout_transpose(name, ascending):
+    """The view the backward derives from the forward op's tensors is BlockSparseLayout.transpose() (rows = key
+    blocks, columns = query blocks, BOUNDS on the last query block when seq_q % block_m), plus the forward's
+    key-end BOUNDS bits: the kernel masks keys past seq_k too (unmasked, S = 0 there and P = 2^-LSE2 overflows
+    once LSE < -88). Entry ranks, and the ascending schedule of the deterministic kernel, come on top."""
+    lay = _layouts()[name]
+    t_q, t_kind, t_sched, t_rank = ab.transposed_view(lay.col_idx, lay.block_kind, lay.row_schedule(),
+                                                      lay.n_kblocks, lay.seq_q, lay.block_m, ascending)
+    T = lay.transpose()
+    assert (T.n_qblocks, T.n_kblocks) == (lay.n_kblocks, lay.n_qblocks)
+    hl, nk = lay.num_heads, lay.n_kblocks
+    assert t_q.dtype == torch.int32 and t_kind.dtype == torch.uint8 and t_sched.dtype == torch.int32
+    assert t_q.shape == lay.col_idx.shape and t_sched.shape == (hl, nk, 4) and t_sched.is_contiguous()
+    w = T.col_idx.shape[1]
+    assert torch.equal(t_q[:, :w], T.col_idx) and not t_q[:, w:].any()
+    key_end = torch.zeros_like(t_kind)
+    if lay.seq_k % lay.block_n:  # entries of the last key block carry the forward's BOUNDS bit
+        for h in range(hl):
+            key_end[h, T.row_ptr[h, nk - 1]:T.row_ptr[h, nk]] = BOUNDS
+    assert torch.equal(t_kind[:, :w], T.block_kind | key_end[:, :w])
+    if ascending:  # the deterministic kernel's order
+        assert t_sched[:, :, 0].tolist() == [list(range(nk))] * hl
+        for h in range(hl):
+            assert t_sched[h, :, 1].tolist() == T.row_ptr[h, :-1].tolist()
+    else:
+        assert torch.equal(t_sched[..., :3], T.row_schedule()[..., :3])  # heaviest key blocks first
+    for h in range(hl):
+        for kb, start, end, first in t_sched[h].tolist():
+            if end > start:
+                assert first == t_q[h, start].item() | (t_kind[h, start].item() << 24)
+            else:
+                assert first == 0
+            for r, rk in zip(t_q[h, start:end].tolist(), t_rank[h, start:end].tolist()):
+                row = lay.col_idx[h, lay.row_ptr[h, r]:lay.row_ptr[h, r + 1]].tolist()
+                assert row[rk] == kb  # this key block's position in the query block's own list
+
+
+def test_transposed_view_has_no_host_sync():
+    lay = BlockSparseLayout.random_topk(2000, 4, seed=1, num_heads=2)
+    args = (lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, lay.seq_q, lay.block_m)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:  # data-dependent host syncs (.item(), nonzero) raise under fake tensors
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        out = ab.transposed_view(*fake)
+    assert out[2].shape == (2, lay.n_kblocks, 4)
+
+
+def test_transposed_view_cache_follows_identity():
+    lay = BlockSparseLayout.random_topk(600, 2, seed=2)
+    a = ab._transposed_cached(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, 600, 128)
+    assert ab._transposed_cached(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, 600, 128) is a
+    other = ab._transposed_cached(lay.col_idx.clone(), lay.block_kind, lay.row_schedule(), lay.n_kblocks, 600, 128)
+    assert other is not a and all(torch.equal(x, y) for x, y in zip(a, other))
+    assert ab._transposed_cached(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, 599, 128) is not a
+
+
+# -- the dense formulas against the reference's autograd ------------------------------------------------------
+
+def _case(lay, B, H, Hkv, D, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, lay.seq_q, D, generator=g).to(dtype)
+    k = torch.randn(B, Hkv, lay.seq_k, D, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, lay.seq_k, D, generator=g).to(dtype)
+    do = torch.randn(B, H, lay.seq_q, D, generator=g).to(dtype)
+    glse = torch.randn(B, H, lay.seq_q, generator=g)
+    return q, k, v, do, glse
+
+
+def _reference_grads(q, k, v, do, glse, lay, scale):
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    o, lse = attention_reference(qd, kd, vd, lay, scale=scale)
+    loss = (o * do.double()).sum() + (torch.where(torch.isinf(lse), 0.0, lse.double()) * glse.double()).sum()
+    loss.backward()
+    return o, lse, qd.grad, kd.grad, vd.grad
+
+
+@pytest.mark.parametrize("name, B, H, Hkv, D, dtype", [
+    ("topk_per_head", 1, 3, 3, 64, torch.float16),
+    ("causal_odd", 2, 4, 2, 64, torch.bfloat16),
+    ("causal_short_q", 1, 2, 1, 128, torch.float16),
+    ("window", 1, 2, 2, 64, torch.float16),
+    ("empty_rows_cols", 1, 2, 2, 64, torch.bfloat16),
+])
+def test_dense_op_matches_reference_autograd(name, B, H, Hkv, D, dtype):
+    lay = _layouts()[name]
+    scale = 0.7 / math.sqrt(D)
+    q, k, v, do, glse = _case(lay, B, H, Hkv, D, dtype, seed=hash(name) % 1000)
+    o, lse, dq_ref, dk_ref, dv_ref = _reference_grads(q, k, v, do, glse, lay, scale)
+    fwd = AttentionConfig(head_dim=D, dtype=DType.BF16 if dtype == torch.bfloat16 else DType.FP16,
+                          tile_n=128 if D == 64 else 64, stages=2)
+    meta = [lay.window_left, lay.window_right, lay.n_kblocks, 0]
+    dq, dk, dv = ab.attn_bwd(q, k, v, o.to(dtype), lse, do, glse, lay.col_idx, lay.block_kind,
+                             lay.row_schedule(), meta, scale, ab.bwd_config_json(fwd.to_json()))
+    assert dq.dtype == dtype and dk.shape == k.shape and dv.shape == v.shape
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-2
+    for got, ref in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
+        assert relative_error(got, ref) <= tol
+    if name == "empty_rows_cols":  # key blocks nobody lists get zero gradients, never NaN
+        assert torch.all(dk[:, :, 128:256] == 0) and torch.all(dv[:, :, 256:384] == 0)
+
+
+def test_element_mask_matches_layout():
+    for lay in _layouts().values():
+        if lay.block_n % 128:
+            continue
+        m = ab.element_mask(lay.col_idx, lay.block_kind, lay.row_schedule(),
+                            [lay.window_left, lay.window_right, lay.n_kblocks, 0], lay.seq_q, lay.seq_k,
+                            lay.block_m, lay.block_n)
+        assert torch.equal(m, lay.to_element_mask())
+
+
+# -- autograd wiring (fake tensors: no kernel runs) ---------------------------------------------------------------
+
+def test_attn_fwd_autograd_calls_attn_bwd_under_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    lay = BlockSparseLayout.causal(300)
+    fwd = AttentionConfig(head_dim=64, dtype=DType.FP16, tile_n=128, stages=4)
+    real = (lay.col_idx, lay.block_kind, lay.row_schedule())
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 300, 64, dtype=torch.float16, requires_grad=True)
+        k = torch.empty(1, 1, 300, 64, dtype=torch.float16, requires_grad=True)
+        v = torch.empty(1, 1, 300, 64, dtype=torch.float16, requires_grad=True)
+        ci, bk, rs = (torch.empty(t.shape, dtype=t.dtype) for t in real)
+        o, lse = torch.ops.blackwell_sparsek.attn_fwd(q, k, v, ci, bk, rs, [-1, 0, 3, 1], 0.125, fwd.to_json())
+        (o.float().sum() + lse.sum()).backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+def test_bad_inputs_are_rejected():
+    lay = BlockSparseLayout.causal(200)
+    q = torch.randn(1, 2, 200, 64, dtype=torch.float16)
+    k = torch.randn(1, 2, 200, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 200)
+    meta = [-1, 0, 2, 0]
+    cfg = ab.bwd_config_json(AttentionConfig(head_dim=64, tile_n=128, stages=4).to_json())
+    args = (lay.col_idx, lay.block_kind, lay.row_schedule(), meta, 0.125, cfg)
+    with pytest.raises(InputError, match="one dtype"):
+        ab.attn_bwd(q, k.float(), k, q, lse, q, None, *args)
+    with pytest.raises(InputError, match="must match O"):
+        ab.attn_bwd(q, k, k, q, lse, q[:, :, :100], None, *args)
+    with pytest.raises(InputError, match="float32"):
+        ab.attn_bwd(q, k, k, q, lse.half(), q, None, *args)
+    cfg128 = ab.bwd_config_json(AttentionConfig(head_dim=128, tile_n=64, stages=2).to_json())
+    with pytest.raises(InvalidConfigError, match="head_dim=128"):
+        ab.attn_bwd(q, k, k, q, lse, q, None, *args[:-1], cfg128)
+
+
+# -- the real compile ----------------------------------------------------------------------------------------------
+
+@pytest.mark.real_compile
+@pytest.mark.slow
+def test_real_compile_attn_bwd(bsk_cache):
+    """The real nvcc on the d64 fp16 backward kernel (~1-2 min on 2 cores); no GNU-unique symbols of ours."""
+    try:
+        compiler.nvcc_version(compiler.find_nvcc())
+        compiler.cutlass_paths()
+    except ToolchainError as e:
+        pytest.skip(f"real nvcc compile needs nvcc and CUTLASS: {e}")
+    cfg = fam.named_configs()["bsk_sm90a_attn_bwd_d64_fp16_t64x128_b128x128"]
+    e = kernels.ensure_built(cfg)
+    assert e.built and e.so_path.stat().st_size > 0
+    assert cfg.kernel_name.encode() in e.so_path.read_bytes()
+    import shutil
+    import subprocess
+    nm = shutil.which("nm")
+    if nm:
+        syms = subprocess.run([nm, "-D", "--defined-only", str(e.so_path)], capture_output=True, text=True).stdout
+        for s in ("bsk_launch", "bsk_kernel_name", "bsk_smem_bytes"):
+            assert s in syms
+        assert not [ln for ln in syms.splitlines() if ln.split()[1:2] == ["u"] and "3bsk" in ln]

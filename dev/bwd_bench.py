@@ -18,7 +18,7 @@ import sys
 import torch
 
 import blackwell_sparsek as bsk
-import blackwell_sparsek.attention_bwd as ab
+import blackwell_sparsek.ops.attention_bwd as ab
 from blackwell_sparsek.bench.timing import bench
 
 L = bsk.BlockSparseLayout

@@ -3,7 +3,7 @@ Run first by dev/bwd_gpu.sh under a timeout, so a hang or a launch error stops t
 import torch
 
 import blackwell_sparsek as bsk
-import blackwell_sparsek.attention_bwd  # noqa: F401  (registers the autograd of attn_fwd)
+import blackwell_sparsek.ops.attention_bwd  # noqa: F401  (registers the autograd of attn_fwd)
 from blackwell_sparsek.reference import attention_reference, relative_error
 
 L = bsk.BlockSparseLayout

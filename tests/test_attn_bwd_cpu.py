@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from blackwell_sparsek import InputError, InvalidConfigError
-from blackwell_sparsek import attention_bwd as ab
+from blackwell_sparsek.ops import attention_bwd as ab
 from blackwell_sparsek.errors import ToolchainError
 from blackwell_sparsek.families import attn_bwd as fam
 from blackwell_sparsek.families.attn_bwd import AttnBwdConfig

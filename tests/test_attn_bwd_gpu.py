@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import blackwell_sparsek as bsk
-import blackwell_sparsek.attention_bwd as ab  # registers the autograd of blackwell_sparsek::attn_fwd
+import blackwell_sparsek.ops.attention_bwd as ab  # registers the autograd of blackwell_sparsek::attn_fwd
 from blackwell_sparsek.reference import attention_reference, relative_error
 
 pytestmark = [pytest.mark.gpu,

@@ -34,7 +34,7 @@ def _attn_fwd_args():
 
 
 def _attn_bwd_args():
-    from blackwell_sparsek.attention_bwd import transposed_view
+    from blackwell_sparsek.ops.attention_bwd import transposed_view
     from blackwell_sparsek.families import attn_bwd
     from blackwell_sparsek.layout import BlockSparseLayout
     lay = BlockSparseLayout.random_topk(300, 2, seed=0, block_m=128, block_n=128)

@@ -169,7 +169,7 @@ _ACCEPTED = [
 @pytest.mark.slow
 def test_launcher_checks_arguments_before_any_cuda_call(bsk_cache):
     import blackwell_sparsek as bsk
-    from blackwell_sparsek import compiler
+    from blackwell_sparsek.jit import compiler
     from blackwell_sparsek.errors import BskError, ToolchainError
 
     try:

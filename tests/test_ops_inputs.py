@@ -244,3 +244,27 @@ def test_default_scale_is_one_over_sqrt_head_dim():
     lay = L.dense(128)
     o = bsk.sparse_attention(q, k, v, lay)
     assert relative_error(o, attention_reference(q, k, v, lay, scale=1 / math.sqrt(128))[0]) < 2e-3
+
+
+# -- the backward's API on the CPU fallback: the reference's autograd, the same arguments ------------------------
+
+def test_cpu_fallback_is_differentiable_and_deterministic_is_a_bool():
+    import warnings
+    from blackwell_sparsek.reference import attention_reference, relative_error
+    lay = L.random_topk(200, 1, seed=3)
+    q, k, v = (torch.randn(1, 2, 200, 64, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(InputError, match="dtype"):
+            bsk.sparse_attention(q, k, v, lay)  # float64 is refused on every path
+        qh, kh, vh = (t.detach().half().requires_grad_() for t in (q, k, v))
+        o = bsk.sparse_attention(qh, kh, vh, lay, deterministic=True)
+        with pytest.raises(InputError, match="deterministic must be True or False"):
+            bsk.sparse_attention(qh, kh, vh, lay, deterministic="yes")
+    g = torch.randn_like(o)
+    o.backward(g)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (qh, kh, vh))
+    ref_o, _ = attention_reference(qd, kd, vd, lay)
+    ref_o.backward(g.double())
+    for got, want in ((qh.grad, qd.grad), (kh.grad, kd.grad), (vh.grad, vd.grad)):
+        assert relative_error(got, want) <= 1e-2

@@ -87,7 +87,7 @@ def test_bad_shapes_dtypes_meta_scale_config_are_refused():
         (dict(idx, col_idx=ci.expand(3, -1).contiguous(), block_kind=bk.expand(3, -1).contiguous()), meta, cfg,
          "Hl 1 or the 2 query heads"),
         (dict(idx, col_idx=torch.cat([ci, ci], 1)[:, ::2]), meta, cfg, "col_idx must be contiguous"),
-        (idx, meta[:3], cfg, "meta must be 4 ints"),
+        (idx, meta[:3], cfg, "meta must be 4 or 5 ints"),
         (idx, [meta[0], meta[1], meta[2] + 1, meta[3]], cfg, "n_kblocks = ceil"),
         (idx, [meta[0], meta[1], meta[2], 2], cfg, "rank_major 0 or 1"),
         (idx, meta, ops.default_config(128, torch.float16, lay).to_json(), "head_dim=128"),

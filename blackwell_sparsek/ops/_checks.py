@@ -86,10 +86,11 @@ def check_scale(scale, head_dim: int):
     return s
 
 
-def check_causal(causal) -> bool:
+def check_causal(causal, name: str = "causal") -> bool:
+    """A flag argument (causal, deterministic): a bool (numpy's too), never a truthy string or number."""
     if isinstance(causal, bool) or (type(causal).__module__ == "numpy" and type(causal).__name__ in ("bool", "bool_")):
         return bool(causal)
-    raise InputError(f"causal must be True or False, got {type(causal).__name__} {causal!r}")
+    raise InputError(f"{name} must be True or False, got {type(causal).__name__} {causal!r}")
 
 
 def check_layout_arg(layout) -> None:
@@ -243,10 +244,12 @@ def check_op_args(q, k, v, col_idx, block_kind, row_sched, meta, scale, config: 
             math.isfinite(scale) and abs(scale) <= FLOAT32_MAX):
         raise InputError(f"scale must be a finite float32 number, got {scale!r}")
     nq, nk = cdiv(Sq, config.block_m), cdiv(Sk, config.block_n)
-    if (not isinstance(meta, (list, tuple)) or len(meta) != 4
-            or any(isinstance(x, bool) or not isinstance(x, int) for x in meta)):
-        raise InputError(f"meta must be 4 ints [window_left, window_right, n_kblocks, rank_major], got {meta!r}")
-    wl, wr, n_k, rank_major = meta
+    if (not isinstance(meta, (list, tuple)) or len(meta) not in (4, 5)
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in meta)
+            or (len(meta) == 5 and meta[4] not in (-1, 0, 1))):
+        raise InputError(f"meta must be 4 or 5 ints [window_left, window_right, n_kblocks, rank_major"
+                         f"(, deterministic backward: -1 follow torch, 0, 1)], got {meta!r}")
+    wl, wr, n_k, rank_major = meta[:4]
     if not (-1 <= wl <= INT32_MAX and -1 <= wr <= INT32_MAX) or n_k != nk or rank_major not in (0, 1):
         raise InputError(f"meta {list(meta)} is not [window_left >= -1, window_right >= -1, n_kblocks = "
                          f"ceil(seq_k / block_n) = {nk}, rank_major 0 or 1]")

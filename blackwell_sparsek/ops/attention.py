@@ -115,9 +115,9 @@ def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col_idx: torch.
     """Block-sparse attention forward on CUDA tensors: (O in q's memory layout, LSE float32 (B, H, Sq)).
 
     Arguments: q (B, H, Sq, D), k and v (B, Hkv, Sk, D); a layout's ``col_idx``, ``block_kind`` and
-    ``row_schedule()`` on q's device; meta = [window_left, window_right, n_kblocks, rank_major] (``_meta(layout)``:
-    rank_major = rows differ in length, order tiles heaviest-first across heads); the softmax scale; the kernel
-    config as ``AttentionConfig.to_json()``.
+    ``row_schedule()`` on q's device; meta = [window_left, window_right, n_kblocks, rank_major(, deterministic)]
+    (``_meta(layout)``: rank_major = rows differ in length, order tiles heaviest-first across heads; the backward's
+    mode); the softmax scale; the kernel config as ``AttentionConfig.to_json()``.
 
     Contract. Every call checks on the host, without touching the device: dtypes, devices (q's), shapes consistent
     with each other, with q/k and with the config (row_sched [Hl, ceil(Sq / block_m), 4] int32 with Hl 1 or H,
@@ -138,7 +138,7 @@ def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col_idx: torch.
 def _direct_call_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Eager calls skip the dispatcher (tens of microseconds a call on a slow host, as much as a short kernel)
     when it would only forward to _attn_fwd_impl: plain tensors, no TorchDispatchMode or TorchFunctionMode
-    active, and no input that needs autograd (the op has no backward: the dispatcher path reports that)."""
+    active, and no input that needs autograd (the op's registered backward needs the dispatcher path)."""
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return False
     if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
@@ -189,11 +189,13 @@ def _fallback_warning(reason: str) -> None:
 
 
 def _fallback(q, k, v, layout, scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """The float64 reference, O returned in q's dtype and memory layout (torch.empty_like(q), as the kernel).
-    Without autograd, like the kernel op (which has no backward): in place, within check_fallback_size's bytes."""
+    """The float64 reference, O returned in q's dtype and memory layout (torch.empty_like(q), as the kernel),
+    within check_fallback_size's bytes. Differentiable when an input requires grad (the same API as the GPU op's
+    backward); otherwise without building a graph."""
     check_fallback_size(q, k, layout)
     from ..reference import attention_reference
-    with torch.no_grad():
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    with torch.set_grad_enabled(grad):
         o_ref, lse = attention_reference(q, k, v, layout, scale=scale)
     o = torch.empty_like(q)
     o.copy_(o_ref)
@@ -203,7 +205,8 @@ def _fallback(q, k, v, layout, scale) -> tuple[torch.Tensor, torch.Tensor]:
 # -- public API ---------------------------------------------------------------------------------------------
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, *, causal: bool = False,
-                     scale: float | None = None, config=None, return_lse: bool = False):
+                     scale: float | None = None, config=None, return_lse: bool = False,
+                     deterministic: bool | None = None):
     """Block-sparse attention: softmax(scale · Q Kᵀ + mask) V over the blocks ``layout`` lists.
 
     q: (B, H, Sq, D); k, v: (B, Hkv, Sk, D) with H % Hkv == 0 (GQA/MQA). (B, S, H, D) tensors are accepted as
@@ -212,12 +215,17 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
     the float32 log-sum-exp (B, H, Sq); rows with no visible key give O = 0 and LSE = -inf, rows that see an
     infinite or NaN logit give NaN. Every argument is checked before a kernel is chosen, so CPU tensors (which
     run the float64 reference, with a warning) are accepted or refused exactly as CUDA tensors are.
+
+    Inputs that require grad get dQ, dK, dV from the block-sparse backward kernels (the CPU fallback: the
+    reference's autograd). ``deterministic=True`` makes those gradients bitwise identical run to run (ordered dQ
+    accumulation, slower); ``None`` follows ``torch.use_deterministic_algorithms``.
     """
     check_inputs(q, k, v)
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
     scale = check_scale(scale, D)
     causal = check_causal(causal)
+    det = -1 if deterministic is None else int(check_causal(deterministic, "deterministic"))
     check_layout_arg(layout)
     check_strides(q, k, v)
     check_launch_limits(q, k, v)
@@ -243,7 +251,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
             raise LayoutError(f"under torch.compile the layout must already be on {q.device}: call "
                               f"layout.to({str(q.device)!r}) once before the compiled function")
         o, lse = _attn_fwd(q, k, v, layout.col_idx, layout.block_kind, _built_row_schedule(layout, causal),
-                           _meta(layout), scale, cfg_json)
+                           _meta(layout, det), scale, cfg_json)
         return (o, lse) if return_lse else o
 
     check_pointers(q, k, v)
@@ -256,16 +264,17 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
     # Plain eager calls launch directly: every argument is checked above and the index tensors are the layout's
     # own; other calls go through the dispatcher to the op, which checks its arguments itself.
     fwd = _launch if _direct_call_ok(q, k, v) else _attn_fwd
-    o, lse = fwd(q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(), _meta(lay), scale, cfg_json)
+    o, lse = fwd(q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(), _meta(lay, det), scale, cfg_json)
     return (o, lse) if return_lse else o
 
 
-def _meta(lay) -> list[int]:
-    """[window_left, window_right, n_kblocks, rank_major] of a layout for the op. A window wider than both
-    sequences keeps every key, as the clamp to seq_q + seq_k does, and then fits the kernel's 32-bit ints."""
+def _meta(lay, deterministic: int = -1) -> list[int]:
+    """[window_left, window_right, n_kblocks, rank_major, deterministic] of a layout for the op. A window wider
+    than both sequences keeps every key, as the clamp to seq_q + seq_k does, and then fits the kernel's 32-bit
+    ints. The forward kernel reads the first four; the backward, the mode (-1: torch's deterministic setting)."""
     reach = lay.seq_q + lay.seq_k
     wl, wr = (w if w < 0 else min(w, reach) for w in (lay.window_left, lay.window_right))
-    return [wl, wr, lay.n_kblocks, int(not lay.uniform_rows())]
+    return [wl, wr, lay.n_kblocks, int(not lay.uniform_rows()), deterministic]
 
 
 def _built_row_schedule(layout, causal: bool) -> torch.Tensor:

@@ -21,12 +21,12 @@ from typing import Optional
 
 import torch
 
-from . import ops as _ops  # noqa: F401  (defines blackwell_sparsek::attn_fwd, whose autograd this registers)
-from .errors import InputError, InvalidConfigError
-from .families import attn_bwd as _family
-from .families.attn_bwd import AttnBwdConfig
-from .families.attn_fwd import AttentionConfig
-from .jit.spec import DType, KernelConfig
+from . import attention as _fwd  # noqa: F401  (defines blackwell_sparsek::attn_fwd, whose autograd this registers)
+from ..errors import InputError, InvalidConfigError
+from ..families import attn_bwd as _family
+from ..families.attn_bwd import AttnBwdConfig
+from ..families.attn_fwd import AttentionConfig
+from ..jit.spec import DType, KernelConfig
 
 _DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 _BOUNDS, _RULE = 1, 2        # block-kind bits (blackwell_sparsek.layout)
@@ -139,12 +139,12 @@ def _bwd_config(text: str) -> AttnBwdConfig:
 
 @lru_cache(maxsize=None)
 def _kernel_for(text: str):
-    from .jit.kernels import build
+    from ..jit.kernels import build
     return build(_bwd_config(text))
 
 
 def _poison() -> bool:
-    from . import _env
+    from .. import _env
     return _env.flag("BSK_POISON")
 
 
@@ -203,7 +203,7 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
                                  t_sched=t_sched, t_rank=t_rank if det else None, dq_sem=dq_sem,
                                  window_left=meta[0], window_right=meta[1], scale=scale)
     dev = q.device.index
-    from .ops import dispatch
+    from . import dispatch
     dispatch.check_device(config_json, dev)  # arch and shared memory, once per (config, device)
     with torch.cuda.device(dev):
         kernel.launch(torch._C._cuda_getCurrentRawStream(dev), **fields)

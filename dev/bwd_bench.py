@@ -64,6 +64,23 @@ def _fwd_bwd(name, layout, B, H, S, D, dtype):
                 ms=t.median_ms, tflops=flops / t.median_ms / 1e9, density=lay.density)
 
 
+def _flex_fwd_bwd(name, layout, B, H, S, D, dtype):
+    """FlexAttention (torch.compile'd) forward + backward on the layout's own BlockMask, 3.5x count: the peer."""
+    from torch.nn.attention.flex_attention import flex_attention
+    q, k, v, do = _inputs(B, H, S, D, dtype, seed=2)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    bm = layout.to("cuda").to_flex_block_mask()
+    flex = torch.compile(flex_attention, dynamic=False)
+    fn = lambda: torch.autograd.grad(flex(q, k, v, block_mask=bm), (q, k, v), do)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    t = bench(fn, warmup_ms=300, rep_ms=300)
+    blocks = sum(layout.nnz_per_head) * (H // layout.num_heads) * B
+    flops = 3.5 * 4 * D * blocks * 128 * 128
+    return dict(case=name, impl="flex fwd+bwd", dtype=str(dtype).split(".")[-1], B=B, H=H, S=S, D=D,
+                ms=t.median_ms, tflops=flops / t.median_ms / 1e9, density=layout.density)
+
+
 def _breakdown(fn, n: int = 20) -> None:
     """Mean GPU time per kernel (and memset) of one backward call, from the torch profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -109,6 +126,7 @@ def main() -> int:
         rows.append(_ours("topk25_d128", topk, 2, 16, S, 128, dt))
     rows.append(_ours("topk25_d128", topk, 2, 16, S, 128, torch.float16, det=True))
     rows.append(_fwd_bwd("topk25_d128", topk, 2, 16, S, 128, torch.float16))
+    rows.append(_flex_fwd_bwd("topk25_d128", topk, 2, 16, S, 128, torch.float16))
     if not a.quick:
         rows.append(_ours("topk25_d64", L.random_topk(seq_q=S, k=16, seed=0, num_heads=8), 1, 8, S, 64,
                           torch.float16))

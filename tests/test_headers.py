@@ -177,7 +177,7 @@ def test_launcher_checks_arguments_before_any_cuda_call(bsk_cache):
         compiler.cutlass_paths()
     except ToolchainError as e:
         pytest.skip(f"needs nvcc and CUTLASS: {e}")
-    kernel = bsk.build(bsk.get_config("sm90_fwd_d128_bf16_coop_128x128"))
+    kernel = bsk.build(bsk.get_config("bsk_sm90a_attn_fwd_d128_bf16_t128x128_coop_s5_b128x128"))
 
     def code(fields):
         try:

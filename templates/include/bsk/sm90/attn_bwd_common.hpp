@@ -1,14 +1,13 @@
 // BlackwellSparseK backward (sm_90a): what the backward kernel reads of the TRANSPOSED layout, and its tile order.
 //
 // The backward walks key blocks (one CTA per 128-key tile) and, for each, the query blocks that list it: the
-// transposed view of the forward's BSR layout, derived on the device by blackwell_sparsek.attention_bwd
+// transposed view of the forward's BSR layout, derived on the device by blackwell_sparsek.ops.attention_bwd
 // (rows = key blocks, col_idx = query blocks, kinds carried over, BOUNDS also on the last query block when
 // seq_q % block_m). Its schedule has the forward's packing: one int4 (key block, start, end, first query block |
 // kind << 24) per key block, heaviest first.
 //
-// The block-kind bits and the schedule packing restate bsk/attn_fwd.hpp (FULL 0, BOUNDS 1, RULE 2; column | kind
-// << 24). They live in namespace bsk::bwd so this header and the forward's can be included together; once the
-// shared bsk/common/ header lands (issue 25) both should use it.
+// The block kinds, the schedule packing, the row cursor and the launcher's return codes and helpers are the
+// forward's (bsk/common/): one statement of each for both directions.
 #pragma once
 
 #include <cstdint>
@@ -17,14 +16,12 @@
 #include "cutlass/fast_math.h"
 #include "cute/tensor.hpp"
 
+#include "bsk/common/block_layout.hpp"
+#include "bsk/common/launch.hpp"
+
 namespace bsk::bwd {
 
 using namespace cute;
-
-enum : uint8_t { kBlockFull = 0, kBlockBounds = 1, kBlockRule = 2 };
-
-// Launcher return codes beyond cudaError_t's range (the forward's numbering, plus one for the dQ accumulator).
-enum : int { kErrBadHeadDim = 10001, kErrStrideRange = 10002, kErrBadShape = 10003 };
 
 // B, H, Sq, Sk, D (example 88's problem shape).
 using ProblemShape = cute::tuple<int, int, int, int, int>;
@@ -52,36 +49,6 @@ struct TColumn {
   const int* rank;
   int count;
   int first;
-};
-
-// Reads a key block's query blocks 32 at a time (one coalesced load per warp), handing them out with shuffles;
-// block 0 comes from the schedule entry, so no index load stands before the first Q load.
-struct TCursor {
-  const int* cols;
-  const uint8_t* kinds;
-  int count;
-  int first;
-  int chunk_col = 0;
-  int chunk_kind = 0;
-
-  CUTLASS_DEVICE TCursor(TColumn const& c) : cols(c.q_idx), kinds(c.kind), count(c.count), first(c.first) {}
-
-  // Every lane of the warp calls this with the same block index, in increasing order.
-  CUTLASS_DEVICE void at(int blk, int& col, int& kind) {
-    int lane = threadIdx.x % 32;
-    if (blk % 32 == 0) {
-      int i = blk + lane;
-      chunk_col = i < count ? __ldg(cols + i) : 0;
-      chunk_kind = i < count ? int(__ldg(kinds + i)) : 0;
-    }
-    if (blk == 0) {
-      col = first & 0xffffff;
-      kind = int(unsigned(first) >> 24);
-      return;
-    }
-    col = __shfl_sync(0xffffffffu, chunk_col, blk % 32);
-    kind = __shfl_sync(0xffffffffu, chunk_kind, blk % 32);
-  }
 };
 
 // blk_coord: (_0, 128-key tile, (b, h), (start, end, first)) as BwdTileScheduler makes it.

@@ -50,25 +50,6 @@ int attn_bwd_smem_bytes() {
   return int(Named::SharedStorageSize);
 }
 
-inline bool fits_int(long long v) { return v >= 0 && v <= 0x7fffffffLL; }
-
-// (batch, head)s per group of the heaviest-first tile order: the largest divisor of batch * heads whose Q and dO
-// (bytes per (batch, head): qdo_bytes) fit in half of L2.
-inline int head_group(int bh, long long qdo_bytes, long long l2_bytes) {
-  long long fit = qdo_bytes > 0 ? (l2_bytes / 2) / qdo_bytes : bh;
-  int g = int(std::max(1LL, std::min<long long>(bh, fit)));
-  while (bh % g != 0) --g;
-  return g;
-}
-
-namespace {
-// Devices on which this library's kernel has its shared-memory attribute set, and their L2 size. Internal linkage
-// on purpose (see bsk/attn_fwd.hpp: a function-local static would be merged across loaded libraries).
-constexpr int kMaxDevices = 64;
-bool smem_set[kMaxDevices] = {};
-int l2_bytes[kMaxDevices] = {};
-}  // namespace
-
 template <class Traits, class Named, class Args>
 int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   using Mainloop = typename Traits::Mainloop;
@@ -119,13 +100,10 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return int(err);
-  bool known = device >= 0 && device < kMaxDevices;
-  int l2 = known ? l2_bytes[device] : 0;
-  if (l2 <= 0) {
-    err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
-    if (err != cudaSuccess) return int(err);
-    if (known) l2_bytes[device] = l2;
-  }
+  int l2 = 0;
+  err = device_l2_bytes(device, l2);
+  if (err != cudaSuccess) return int(err);
+  // the heaviest-first groups of (batch, head)s whose Q and dO (read for every key block) fit in half of L2
   long long qdo_bytes = 2LL * a.seq_q * a.head_dim * (long long)sizeof(Element);
   int group = head_group(a.batch * a.heads, qdo_bytes, l2);
 
@@ -135,11 +113,8 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
                              reinterpret_cast<const int4*>(a.t_sched), group)};
 
   int smem = int(Named::SharedStorageSize);
-  if (!known || !smem_set[device]) {
-    err = cudaFuncSetAttribute(cutlass::device_kernel<Named>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return int(err);
-    if (known) smem_set[device] = true;
-  }
+  err = allow_dynamic_smem(cutlass::device_kernel<Named>, device, smem);
+  if (err != cudaSuccess) return int(err);
   long long rows = (long long)a.batch * a.heads * a.seq_q;
   err = cudaMemsetAsync(a.dq_acc, 0, size_t(rows) * a.head_dim * sizeof(float), stream);
   if (err != cudaSuccess) return int(err);

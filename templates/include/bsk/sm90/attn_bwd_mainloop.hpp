@@ -171,7 +171,7 @@ struct BwdMainloop
     auto st_v = load_v.init_state(_0{}, kv_problem, TileShapeNM{}, kv_c, outer_count);
     outer_count *= 2;  // K and V
 
-    TCursor cursor{col};
+    BsrRowCursor cursor{col.q_idx, col.kind, col.count, col.first};  // the forward's cursor, over a column
     int inner_count = 4 * n_inner;  // Q, LSE2, dO, delta per tile (each step counts one)
     int q_tile = 0;
     auto it = &q_tile;  // a one-element iterator that is never advanced: step() reads *it
@@ -221,7 +221,7 @@ struct BwdMainloop
     Tensor tDQsDQ = block_tma.partition_S(sDQ);
     Tensor tDQgDQ = block_tma.partition_D(gDQ);
 
-    TCursor cursor{col};
+    BsrRowCursor cursor{col.q_idx, col.kind, col.count, col.first};  // the forward's cursor, over a column
     if constexpr (Deterministic) {
       int* sem_bh = params.lay.sem + (size_t(get<2, 0>(blk_coord)) * get<1>(problem_size) + get<2, 1>(blk_coord)) *
                                          params.lay.n_qtiles;
@@ -349,7 +349,7 @@ struct BwdMainloop
 
     TColumn col = column_of(blk_coord, params.lay);
     int n_inner = col.count * kTilesPerBlockM;
-    TCursor cursor{col};
+    BsrRowCursor cursor{col.q_idx, col.kind, col.count, col.first};  // the forward's cursor, over a column
 
     CUTLASS_PRAGMA_NO_UNROLL
     for (int i = 0; i < n_inner; ++i) {

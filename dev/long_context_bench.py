@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="256K:8,1M:16,1M:32,256K:8",
                     help="SEQ:HEADS,... (K = 2^10, M = 2^20); the first case is the reference, repeated last to "
                          "show the drift of the GPU's clock over the run")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the case list, interleaved; print medians")
     ap.add_argument("--window", type=int, default=2048)
     ap.add_argument("--head-dim", type=int, default=128)
     args = ap.parse_args(argv)
@@ -73,14 +74,24 @@ def main(argv: list[str] | None = None) -> int:
           f"do_bench median")
     print(f"{'S':>8} {'H':>3} {'ms':>9} {'blocks':>10} {'ns/block':>9} {'vs first':>9} {'TFLOPS':>7}")
     base = None
-    for seq, heads in _parse_cases(args.cases):
-        r = run_case(seq, heads, args.head_dim, args.window, do_bench)
-        if r is None:
-            continue
-        base = base or r["ns_per_block"]
-        ratio = r["ns_per_block"] / base
-        print(f"{seq:>8} {heads:>3} {r['ms']:>9.3f} {r['blocks']:>10} {r['ns_per_block']:>9.3f} "
-              f"{(ratio - 1) * 100:>+8.1f}% {r['tflops']:>7.0f}")
+    per_case: dict[tuple[int, int], list[float]] = {}
+    for _ in range(args.rounds):
+        for seq, heads in _parse_cases(args.cases):
+            r = run_case(seq, heads, args.head_dim, args.window, do_bench)
+            if r is None:
+                continue
+            per_case.setdefault((seq, heads), []).append(r["ns_per_block"])
+            base = base or r["ns_per_block"]
+            ratio = r["ns_per_block"] / base
+            print(f"{seq:>8} {heads:>3} {r['ms']:>9.3f} {r['blocks']:>10} {r['ns_per_block']:>9.3f} "
+                  f"{(ratio - 1) * 100:>+8.1f}% {r['tflops']:>7.0f}", flush=True)
+    if args.rounds > 1:  # the clock drifts between cases: medians over interleaved rounds
+        import statistics
+        meds = {c: statistics.median(v) for c, v in per_case.items()}
+        ref = next(iter(meds.values()))
+        print("medians over rounds (ns per listed block, vs the first case):")
+        for (seq, heads), m in meds.items():
+            print(f"{seq:>8} {heads:>3} {m:>9.3f} {(m / ref - 1) * 100:>+8.1f}%")
     return 0
 
 

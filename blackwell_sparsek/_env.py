@@ -74,6 +74,16 @@ def path(name: str) -> Path | None:
     return Path(raw).expanduser() if raw else None
 
 
+def cuda_homes() -> list[Path]:
+    """The CUDA toolkits named by $CUDA_HOME and $CUDA_PATH (in that order), for finding nvcc and headers."""
+    return [Path(os.environ[v]).expanduser() for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v, "").strip()]
+
+
+def child_environ(**extra: str) -> dict[str, str]:
+    """This process's environment for a child process, with ``extra`` set."""
+    return {**os.environ, **extra}
+
+
 def cache_dir() -> Path:
     return path("BSK_CACHE_DIR") or Path.home() / ".cache" / "blackwell_sparsek"
 

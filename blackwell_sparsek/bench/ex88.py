@@ -79,10 +79,7 @@ def find_nvcc() -> Path:
 
 
 def _cuda_homes() -> list[Path]:
-    homes: list[Path] = []
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            homes.append(Path(os.environ[var]))
+    homes = _env.cuda_homes()
     try:
         homes.append(find_nvcc().resolve().parent.parent)
     except ToolchainError:

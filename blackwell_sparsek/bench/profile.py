@@ -249,7 +249,7 @@ def run(config: str | None, shape: tuple[int, int, int, int], pattern: str = "de
             base += ["--section", sec]
         cmd = base + (["--metrics", ",".join(extra)] if extra else []) + \
             ["--export", str(rep), "--force-overwrite", sys.executable, str(script), json.dumps(spec)]
-        env = dict(os.environ)
+        env = _env.child_environ()
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2])] +
                                             ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         print("profile: " + " ".join(cmd[:-1]) + " '<spec>'", file=sys.stderr, flush=True)

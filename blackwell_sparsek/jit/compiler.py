@@ -63,12 +63,10 @@ def find_nvcc() -> str:
         if not _is_exe(p):
             raise ToolchainError(f"BSK_NVCC={env} is not an executable file; point it at nvcc or unset it")
         return str(p)
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        home = os.environ.get(var)
-        if home:
-            p = Path(home).expanduser() / "bin" / "nvcc"
-            if _is_exe(p):
-                return str(p)
+    for home in _env.cuda_homes():
+        p = home / "bin" / "nvcc"
+        if _is_exe(p):
+            return str(p)
     found = shutil.which("nvcc")
     if found:
         return found

@@ -97,12 +97,13 @@ def test_named_configs(name, pattern, lengths):
     _check(q, k, v, layout, config=cfg, causal=causal)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, c in NAMED.items() if c.schedule is Schedule.PINGPONG))
+@pytest.mark.parametrize("name", sorted(n for n, c in NAMED.items() if c.schedule in (Schedule.PINGPONG,
+                                                                                      Schedule.DUAL)))
 @pytest.mark.parametrize("pattern", ["dense", "causal", "window", "topk_per_head", "empty_rows"])
 def test_persistent_ctas_walk_many_rows(name, pattern, monkeypatch):
     # Ping-pong CTAs are persistent: each walks its query tiles in turn (the K/V ring and the Q slots carry over
     # from row to row, the epilogue's O buffer is reused once its store has read it, at D=64 the two warpgroups'
-    # softmax turns pair up row after row). With 3 CTAs every CTA walks ~10 rows of every kind one after another:
+    # softmax turns pair up row after row; dual CTAs: each warpgroup's own stream of rows). With 3 CTAs every CTA walks ~10 rows of every kind one after another:
     # full, partial, one tile, empty (at one CTA per SM most small problems give a CTA one row).
     monkeypatch.setattr(dispatch, "sm_count", lambda index: 3)
     cfg = NAMED[name]
@@ -132,12 +133,13 @@ def test_running_max_grows_across_tiles(name, growth):
         _check(q, k, v, layout, config=cfg)
 
 
-@pytest.mark.parametrize("schedule", [Schedule.COOPERATIVE, Schedule.PINGPONG, Schedule.SINGLE])
+@pytest.mark.parametrize("schedule", [Schedule.COOPERATIVE, Schedule.PINGPONG, Schedule.SINGLE, Schedule.DUAL])
 def test_gqa_bshd_and_causal_rectangular(schedule):
     # GQA (8 query heads over 2 K/V heads), (B, S, H, D) storage, causal with seq_q < seq_k and seq_q > seq_k.
+    bm = 64 if schedule is Schedule.DUAL else 128
     for Sq, Sk in ((300, 777), (900, 400)):
         q, k, v = _qkv(2, 8, Sq, Sk, 128, torch.bfloat16, Hkv=2, bshd=True)
-        lay = L.dense(seq_q=Sq, seq_k=Sk)
+        lay = L.dense(seq_q=Sq, seq_k=Sk, block_m=bm, block_n=bm)
         _check(q, k, v, lay, config=default_config(128, torch.bfloat16, lay, schedule=schedule), causal=True)
 
 
@@ -164,13 +166,17 @@ def test_heaviest_first_order_in_head_groups(schedule):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_other_block_sizes(block, head_dim):
     # tile_n 64 under 64-wide blocks; two 128-row tiles per 256-row block; two 128-key tiles per 256-key block;
-    # 64-row blocks run the single-warpgroup kernel.
+    # 64-row blocks run the dual kernel by default; the single-warpgroup kernel is checked on them too.
     bm, bn = block
     for lay, causal in ((L.random_topk(seq_q=777, seq_k=1300, k=3, seed=5, num_heads=2, block_m=bm, block_n=bn),
                          False),
                         (L.dense(seq_q=777, seq_k=1300, block_m=bm, block_n=bn), True)):
         q, k, v = _qkv(1, 2, 777, 1300, head_dim, torch.float16)
         _check(q, k, v, lay, causal=causal)
+        if bm == 64:
+            assert default_config(head_dim, torch.float16, lay).schedule is Schedule.DUAL
+            single = default_config(head_dim, torch.float16, lay, schedule=Schedule.SINGLE)
+            _check(q, k, v, lay, config=single, causal=causal)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -14,7 +14,8 @@ from blackwell_sparsek.jit.spec import KernelConfig, config_names, get_config, l
 REQUIRED_NAMES = {
     f"bsk_sm90a_attn_fwd_d{d}_{dt}_t128x128_{s}_s{st}_b128x128"
     for d, st in ((128, 5), (64, 8)) for dt in ("fp16", "bf16") for s in ("coop", "pp")
-} | {f"bsk_sm90a_attn_fwd_d64_{dt}_t64x128_single_s4_b128x128" for dt in ("fp16", "bf16")}
+} | {f"bsk_sm90a_attn_fwd_d64_{dt}_t64x128_single_s4_b128x128" for dt in ("fp16", "bf16")} | {
+    f"bsk_sm90a_attn_fwd_d{d}_{dt}_t64x64_dual_s{st}_b64x64" for d, st in ((128, 5), (64, 8)) for dt in ("fp16", "bf16")}
 
 
 def test_required_named_configs_exist_and_validate():
@@ -34,7 +35,7 @@ def test_named_config_matches_its_name(name):
     assert cfg.head_dim == int(d[1:])
     assert cfg.dtype is DType(dt)
     assert cfg.schedule is {"coop": Schedule.COOPERATIVE, "pp": Schedule.PINGPONG,
-                            "single": Schedule.SINGLE}[sched]
+                            "single": Schedule.SINGLE, "dual": Schedule.DUAL}[sched]
     assert f"t{cfg.tile_m}x{cfg.tile_n}" == tiles and f"s{cfg.stages}" == stages
     assert f"b{cfg.block_m}x{cfg.block_n}" == blocks
     assert 2 <= cfg.stages <= 16  # tuned per head dim; the shared-memory budget below is the rule
@@ -153,11 +154,15 @@ def test_unservable_layout_blocks_raise_instead_of_running_a_wrong_kernel():
         default_config(256, torch.float16, L.dense(1000, block_m=64, block_n=64))
     cfg = default_config(128, torch.float16, L.dense(1000, block_m=128, block_n=64))
     assert (cfg.block_m, cfg.block_n, cfg.tile_n) == (128, 64, 64)
-    # 64-row blocks: the single-warpgroup kernel (64-row tiles), 128-key tiles only where they fit
-    for d, bn, tn in ((64, 128, 128), (64, 64, 64), (128, 128, 64)):
-        cfg = default_config(d, torch.float16, L.dense(1000, block_m=64, block_n=bn))
-        assert (cfg.schedule, cfg.tile_m, cfg.tile_n, cfg.block_m) == (Schedule.SINGLE, 64, tn, 64)
-        assert cfg.problems() == []
+    # 64-row blocks: the dual kernel (two 64-row streams per CTA), 128-key tiles only where they fit; the
+    # single-warpgroup kernel on request
+    for d, bn, tn in ((64, 128, 128), (64, 64, 64), (128, 128, 64), (128, 64, 64)):
+        lay = L.dense(1000, block_m=64, block_n=bn)
+        cfg = default_config(d, torch.float16, lay)
+        assert (cfg.schedule, cfg.tile_m, cfg.tile_n, cfg.block_m) == (Schedule.DUAL, 64, tn, 64)
+        assert cfg.problems() == [] and cfg.smem_bytes() <= Arch.SM90A.facts.smem_optin
+        cfg = default_config(d, torch.float16, lay, schedule="single")
+        assert (cfg.schedule, cfg.tile_m, cfg.block_m) == (Schedule.SINGLE, 64, 64) and cfg.problems() == []
 
 
 def test_default_schedule_follows_row_stats():

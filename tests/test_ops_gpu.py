@@ -87,7 +87,7 @@ def test_gpu_refuses_what_the_cpu_refuses_before_any_build(monkeypatch):
 
 
 def _nonfinite_case(schedule, monkeypatch):
-    bm = 64 if schedule is Schedule.SINGLE else 128
+    bm = 64 if schedule in (Schedule.SINGLE, Schedule.DUAL) else 128
     Sq, Sk, D = 517, 1000, 128 if schedule is not Schedule.SINGLE else 64
     q, k, v = _qkv(1, 2, Sq, Sk, D)
     k[0, 0, 300, 0] = float("inf")   # +inf logits for rows with q[..., 0] > 0, -inf for the others
@@ -106,7 +106,7 @@ def _nonfinite_case(schedule, monkeypatch):
     return q, k, v, lay, o, lse, ref_o, ref_lse
 
 
-@pytest.mark.parametrize("schedule", [Schedule.COOPERATIVE, Schedule.PINGPONG, Schedule.SINGLE])
+@pytest.mark.parametrize("schedule", [Schedule.COOPERATIVE, Schedule.PINGPONG, Schedule.SINGLE, Schedule.DUAL])
 def test_rows_that_see_inf_or_nan_keys_give_nan_and_the_rest_is_exact(schedule, monkeypatch):
     q, k, v, lay, o, lse, ref_o, ref_lse = _nonfinite_case(schedule, monkeypatch)
     nan_rows = ref_o.isnan().any(-1)

@@ -19,11 +19,12 @@ class Schedule(enum.Enum):
     COOPERATIVE = "cooperative"   # both MMA warpgroups split one M tile; one CTA per tile
     PINGPONG = "pingpong"         # persistent CTAs, Q loaded by its own warp, warpgroups staggered
     SINGLE = "single"             # one 64-row MMA warpgroup per CTA that issues its own TMA loads; 2-3 CTAs per SM
+    DUAL = "dual"                 # persistent CTAs of two MMA warpgroups, each on its own 64-row tile and K/V ring
 
     @property
     def tile_m(self) -> int:
-        """Query rows per tile: 64 per MMA warpgroup, two warpgroups except for SINGLE."""
-        return 64 if self is Schedule.SINGLE else 128
+        """Query rows per tile: 64 per MMA warpgroup; two warpgroups share a tile except for SINGLE and DUAL."""
+        return 64 if self in (Schedule.SINGLE, Schedule.DUAL) else 128
 
 
 
@@ -85,7 +86,7 @@ class AttentionConfig(KernelConfig):
                 raise InvalidConfigError(f"{name} must be an int, got {v!r}")
 
     def name_facts(self) -> str:
-        sched = {"COOPERATIVE": "coop", "PINGPONG": "pp", "SINGLE": "single"}[self.schedule.name]
+        sched = {"COOPERATIVE": "coop", "PINGPONG": "pp", "SINGLE": "single", "DUAL": "dual"}[self.schedule.name]
         return (f"d{self.head_dim}_{self.dtype.value}_t{self.tile_m}x{self.tile_n}_{sched}_s{self.stages}"
                 f"_b{self.block_m}x{self.block_n}")
 
@@ -101,6 +102,10 @@ class AttentionConfig(KernelConfig):
         e = self.dtype.itemsize
         q = self.q_stages * 64 * self.head_dim * e
         kv = self.stages * self.tile_n * self.head_dim * e
+        if self.schedule is Schedule.DUAL:
+            # two streams, each Q slot, K/V ring and O buffer (BsrKernelDual::StreamTensors, 1024-aligned), and
+            # the barriers
+            return 2 * -(-(q + kv + 64 * self.head_dim * e) // 1024) * 1024 + 1024
         # O staging, one 64-row buffer per warpgroup: beside the mainloop when persistent, else over Q's slots
         epi = self.q_stages * 64 * self.head_dim * e if self.schedule is Schedule.PINGPONG else 0
         return q + kv + epi + 1024
@@ -128,7 +133,8 @@ class AttentionConfig(KernelConfig):
         if self.tile_m != want_m:
             p.append(f"tile_m {self.tile_m} != {want_m}: " + (
                 "the single schedule runs one 64-row MMA warpgroup per CTA" if self.schedule is Schedule.SINGLE else
-                "two MMA warpgroups of 64 rows (one WGMMA M) make one tile; for 64-row tiles use schedule='single'")
+                "the dual schedule gives each MMA warpgroup its own 64-row tile" if self.schedule is Schedule.DUAL else
+                "two MMA warpgroups of 64 rows (one WGMMA M) make one tile; for 64-row tiles use schedule='single' or 'dual'")
                 + f"; set tile_m={want_m} or leave tile_m out (it follows the schedule)")
         if self.schedule is Schedule.SINGLE and (self.stages % 2 or self.stages < 4):
             p.append(f"stages {self.stages}: the single schedule needs an even count >= 4 (K and V of "
@@ -187,6 +193,7 @@ class AttentionConfig(KernelConfig):
             "persistent": self.schedule is Schedule.PINGPONG,
             "ctas_per_sm": self.ctas_per_sm,
             "schedule": self.schedule.value,
+            "dual": self.schedule is Schedule.DUAL,
         }
 
 

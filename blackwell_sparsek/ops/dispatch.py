@@ -14,6 +14,8 @@ from ._checks import DTYPES as _DTYPES, as_dtype, check_head_dim, check_layout_a
 
 # Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
 _DEFAULT_STAGES = {64: 8, 128: 5, 256: 4}
+# The dual schedule's K/V ring per stream, by (head_dim, tile_n): two rings, Q slots and O buffers in one CTA.
+_DUAL_STAGES = {(64, 64): 8, (64, 128): 6, (128, 64): 5}
 # When one CTA per tile in heaviest-first order (cooperative: the hardware hands tiles to free SMs) beats
 # persistent ping-pong CTAs (a static round-robin of the same order), from layout.row_stats() = (mean blocks per
 # row, coefficient of variation, fraction of rows shorter than the longest). Fitted to same-run measurements of
@@ -28,10 +30,11 @@ LONG_ROWS_D64 = 48
 
 
 def default_schedule(head_dim: int, block_m: int, stats: tuple[float, float, float]) -> Schedule:
-    """The schedule sparse_attention picks: the single-warpgroup kernel for 64-row blocks, cooperative at head_dim
-    256 and where the rows' statistics say so (above), ping-pong otherwise."""
+    """The schedule sparse_attention picks: for 64-row blocks the dual kernel (two MMA warpgroups, each on its own
+    64-row block) up to head_dim 128, the single-warpgroup one at 256 (the dual kernel's two K/V rings do not fit);
+    cooperative at head_dim 256 and where the rows' statistics say so (above), ping-pong otherwise."""
     if block_m % 128:
-        return Schedule.SINGLE
+        return Schedule.DUAL if head_dim <= 128 else Schedule.SINGLE
     mean, cv, short = stats
     if head_dim > 128 or cv > SPREAD_CV:
         return Schedule.COOPERATIVE
@@ -82,10 +85,13 @@ def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedu
             return cfg
     single = schedule is Schedule.SINGLE
     # one 64-row warpgroup per CTA, 2-3 CTAs per SM: 128-key tiles fit the shared memory only at head_dim 64
-    tile_n = 128 if bn % 128 == 0 and head_dim <= (64 if single else 128) else 64
+    # (likewise two K/V rings in one CTA for the dual schedule)
+    tile_n = 128 if bn % 128 == 0 and head_dim <= (64 if single or schedule is Schedule.DUAL else 128) else 64
+    stages = 4 if single else _DEFAULT_STAGES.get(head_dim, 2)
+    if schedule is Schedule.DUAL:
+        stages = _DUAL_STAGES.get((head_dim, tile_n), 2)
     cfg = AttentionConfig(head_dim=head_dim, dtype=dt, schedule=schedule, tile_m=schedule.tile_m,
-                          tile_n=tile_n, stages=4 if single else _DEFAULT_STAGES.get(head_dim, 2),
-                          block_m=bm, block_n=bn)
+                          tile_n=tile_n, stages=stages, block_m=bm, block_n=bn)
     if cfg.problems():
         near = cfg.nearest_valid()
         if near is None or (near.block_m, near.block_n) != (bm, bn):

@@ -8,6 +8,7 @@
 #include "bsk/common/tile_scheduler.hpp"
 #include "bsk/sm90/base.hpp"
 #include "bsk/sm90/epilogue.hpp"
+#include "bsk/sm90/kernel_dual.hpp"
 #include "bsk/sm90/kernel_single.hpp"
 #include "bsk/sm90/mainloop_single.hpp"
 #include "bsk/sm90/mainloop_ws.hpp"
@@ -15,22 +16,25 @@
 namespace bsk {
 
 // TileM 128: two MMA warpgroups and a producer warp (cooperative, or persistent ping-pong); TileM 64: one
-// warpgroup per CTA that loads for itself (BsrMainloopSingle).
+// warpgroup per CTA that loads for itself (BsrMainloopSingle), or (Dual) two independent 64-row streams per
+// persistent CTA (BsrKernelDual).
 template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
-          bool Persistent, int CtasPerSm>
+          bool Persistent, int CtasPerSm, bool Dual = false>
 struct AttnFwdTraits {
-  static constexpr bool kSingle = TileM == 64;
+  static_assert(!Dual || (TileM == 64 && QStages == 1), "dual: one 64-row tile and one Q slot per stream");
+  static constexpr bool kSingle = TileM == 64 && !Dual;
+  static constexpr bool kDual = Dual;
   using Mainloop = std::conditional_t<
       kSingle, BsrMainloopSingle<Element, HeadDim, TileN, Stages, BlockM, BlockN>,
-      BsrMainloop<Element, HeadDim, TileM, TileN, Stages, QStages, BlockM, BlockN, Persistent>>;
+      BsrMainloop<Element, HeadDim, TileM, TileN, Stages, QStages, BlockM, BlockN, Persistent || Dual, Dual>>;
   using Epilogue = BsrEpilogue<Element, HeadDim>;
   using Kernel = std::conditional_t<
       kSingle, BsrKernelSingle<Mainloop, Epilogue, CtasPerSm>,
-      std::conditional_t<
+      std::conditional_t<Dual, BsrKernelDual<Mainloop, Epilogue>, std::conditional_t<
           Persistent,
           fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler,
                                                fmha_k::Option<fmha_k::Tag::kLoadsQSeparately, cute::true_type>>,
-          fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler>>>;
+          fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler>>>>;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kTileM = TileM;
   static constexpr int kBlockM = BlockM;
@@ -103,6 +107,11 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
       BsrTileScheduler::make(a.batch, a.heads, a.n_qblocks, Traits::kBlockM / Traits::kTileM, a.layout_heads,
                              reinterpret_cast<const int4*>(a.row_sched), Traits::kPersistent, a.sm_count, a.rank_major,
                              group)};
+  if constexpr (Traits::kDual) {
+    // persistent: one CTA per SM at most, two tiles (streams) per CTA at a time
+    int sms = a.sm_count > 0 ? a.sm_count : 132;
+    params.tile_scheduler.grid = std::min((params.tile_scheduler.num_tiles + 1) / 2, sms);
+  }
 
   int smem = int(Named::SharedStorageSize);
   err = allow_dynamic_smem(cutlass::device_kernel<Named>, device, smem);

@@ -12,23 +12,33 @@
 
 namespace bsk {
 
+// The example-88 collective a BsrMainloop builds on. Dual (schedule 'dual', kernel_dual.hpp): one 64-row MMA
+// warpgroup per mainloop (NumMmaWarpGroups 1), two such streams per CTA; otherwise the exact type of before.
+template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, bool Persistent, bool Dual>
+using BsrWsBase = std::conditional_t<
+    Dual,
+    fmha_c::FmhaMainloopTmaWarpSpecialized<
+        Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
+        fmha_c::DefaultFusion,
+        fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::true_type>,
+        fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
+        fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>,
+        fmha_k::Option<fmha_k::Tag::kNumMmaWarpGroups, Int<1>>>,
+    fmha_c::FmhaMainloopTmaWarpSpecialized<
+        Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
+        fmha_c::DefaultFusion,
+        fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::bool_constant<Persistent>>,
+        fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
+        fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>>>;
+
 // QStages: Q slots, one per MMA warpgroup (the config derives it; a persistent CTA loads the next tile's Q
-// once a warpgroup releases its slot).
+// once a warpgroup releases its slot). Dual: a 64-row tile (TileM 64), one warpgroup, its own K/V ring; its row's
+// first K load goes before its Q (which waits for the previous row's Q to be released), and no softmax turns (the
+// CTA's two warpgroups walk different rows).
 template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
-          bool Persistent>
-struct BsrMainloop
-    : fmha_c::FmhaMainloopTmaWarpSpecialized<
-          Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
-          fmha_c::DefaultFusion,
-          fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::bool_constant<Persistent>>,
-          fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
-          fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>> {
-  using Base = fmha_c::FmhaMainloopTmaWarpSpecialized<
-      Element, float, float, Shape<Int<TileM>, Int<TileN>, Int<HeadDim>>, StrideQKV, StrideQKV, StrideQKV,
-      fmha_c::DefaultFusion,
-      fmha_k::Option<fmha_k::Tag::kIsPersistent, cute::bool_constant<Persistent>>,
-      fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
-      fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>>;
+          bool Persistent, bool Dual = false>
+struct BsrMainloop : BsrWsBase<Element, HeadDim, TileM, TileN, Stages, QStages, Persistent, Dual> {
+  using Base = BsrWsBase<Element, HeadDim, TileM, TileN, Stages, QStages, Persistent, Dual>;
 
   using typename Base::TileShapeQK;
   using typename Base::TileShapePV;
@@ -57,7 +67,7 @@ struct BsrMainloop
   // persistent one runs ~1 % faster without (H100 A/Bs).
   static constexpr SoftmaxMode kSoftmaxMode = HeadDim <= 128 ? SoftmaxMode::kSpec : SoftmaxMode::kLazy;
   static constexpr bool kOrderTiles = kSoftmaxMode == SoftmaxMode::kSpec && !Persistent;
-  static constexpr bool kSoftmaxTurns = HeadDim == 64;
+  static constexpr bool kSoftmaxTurns = HeadDim == 64 && !Dual;
 
   using Common = BsrCommon<Base, TileM, BlockM>;
   using Arguments = typename Common::Arguments;
@@ -93,7 +103,7 @@ struct BsrMainloop
     BsrRowCursor cursor{row.cols, nullptr, row.count, row.first};
     int kv_count = 2 * n_tiles;  // one K and one V load per tile
 
-    if constexpr (kLoadQ) load_q.step(q_iter, q_state, smem_pipe_write_q, lane_predicate, q_count);
+    if constexpr (kLoadQ && !Dual) load_q.step(q_iter, q_state, smem_pipe_write_q, lane_predicate, q_count);
 
     for (int j = 0; j < n_tiles; ++j) {
       int col, kind;

@@ -172,7 +172,8 @@ class BlockSparseMatrix:
                              f"({bm}, {bk}); use to_dense(), or pad the matrix to whole blocks")
         lay = self._layout
         return torch.sparse_bsr_tensor(lay.row_ptr[0].long(), lay.col_idx[0, :lay.nnz].long(), self._values,
-                                       size=(m, k), dtype=self.dtype, device=self.device)
+                                       size=(m, k), dtype=self.dtype, device=self.device,
+                                       check_invariants=False)
 
     def to_dense(self) -> torch.Tensor:
         """The dense ``[M, K]`` matrix in ``values``' dtype (differentiable in ``values``)."""

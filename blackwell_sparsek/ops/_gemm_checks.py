@@ -79,7 +79,8 @@ def check_dense(t: Any, name: str, *, dtypes=IN_DTYPES, shape: tuple[int, int] |
             raise InputError(f"{name} has rows of {cols} x {el} bytes; the kernels load rows with TMA, which needs a "
                              f"multiple of {ROW_ALIGN_BYTES} bytes: pad {name}'s last dimension to a multiple of "
                              f"{ROW_ALIGN_BYTES // el} (zeros)")
-        if (t.storage_offset() * el) % ROW_ALIGN_BYTES:
+        # (the start is checked eagerly and inside the ops; dynamo cannot trace storage_offset)
+        if not torch.compiler.is_compiling() and (t.storage_offset() * el) % ROW_ALIGN_BYTES:
             raise InputError(f"{name} starts {t.storage_offset() * el} bytes into its storage; TMA needs a "
                              f"{ROW_ALIGN_BYTES}-byte aligned start: pass {name}.clone()")
 
@@ -157,7 +158,8 @@ def check_matmul(values: torch.Tensor, layout: Any, b: Any, *, transpose: bool, 
             raise InputError(f"bias must be [N] = [{n}], got {list(bias.shape)}")
         if bias.device != values.device:
             raise InputError(f"bias is on {bias.device}, the operands on {values.device}; move it there")
-        if bias.stride(0) != 1 or (bias.storage_offset() * bias.element_size()) % ROW_ALIGN_BYTES:
+        if bias.stride(0) != 1 or (not torch.compiler.is_compiling()
+                                   and (bias.storage_offset() * bias.element_size()) % ROW_ALIGN_BYTES):
             raise InputError("bias must be contiguous with a 16-byte aligned start; pass bias.contiguous().clone()")
     return alpha, beta, out_dtype
 

@@ -365,3 +365,15 @@ def test_public_exports():
     assert bsk.bsr_matmul is bsr_matmul and bsk.sampled_matmul is sampled_matmul
     assert bsk.BlockSparseMatrix is BlockSparseMatrix
     assert {"bsr_matmul", "sampled_matmul", "BlockSparseMatrix"} <= set(bsk.__all__)
+
+
+def test_bench_gemm_plan_and_table(capsys):
+    from blackwell_sparsek.bench import gemm as bg
+    from blackwell_sparsek.bench.cli import main
+    assert main(["bench", "gemm", "--list", "--preset", "full"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("headline dsd 8192 8192 8192 128 0.25") for line in lines)
+    assert {int(line.split()[2]) for line in lines if line.startswith("sweep")} == {1024, 2048, 4096, 8192, 16384}
+    recs = [dict(op="dsd", M=8, K=8, N=8, block=64, density=0.25, peer=p, time_ms=t, tflops=1.0)
+            for p, t in (("ours", 1.0), ("cublas-dense", 2.0))]
+    assert "2.0" in bg.table(recs)

@@ -254,6 +254,9 @@ def _bad_matmul_cases():
         ("k-align", lambda: bsr_matmul(a_odd_k, randn(100, 64)), InputError, "multiple of 8"),
         ("block-32", lambda: bsr_matmul(a96, randn(96, 64)), LayoutError, "64x64, 128x128"),
         ("out-dtype", lambda: bsr_matmul(a, b, out_dtype=torch.float64), InputError, "out_dtype"),
+        ("out-dtype-cross", lambda: bsr_matmul(a, b, out_dtype=torch.bfloat16), InputError, "operands' dtype"),
+        ("out-cross", lambda: bsr_matmul(a, b, out=torch.empty(128, 64, dtype=torch.bfloat16)), InputError,
+         "out's dtype"),
         ("beta-no-out", lambda: bsr_matmul(a, b, beta=1.0), InputError, "out="),
         ("alpha-nan", lambda: bsr_matmul(a, b, alpha=float("nan")), InputError, "finite"),
         ("alpha-type", lambda: bsr_matmul(a, b, alpha="1"), InputError, "finite"),
@@ -290,6 +293,7 @@ def test_sampled_matmul_rejects():
         (lambda: sampled_matmul(a, b, BlockSparseLayout.causal(128, block_m=64, block_n=64)), LayoutError, "rule"),
         (lambda: sampled_matmul(a, b, "lay"), LayoutError, "BlockSparseLayout"),
         (lambda: sampled_matmul(a, b, lay, out_dtype=torch.int8), InputError, "out_dtype"),
+        (lambda: sampled_matmul(a, b, lay, out_dtype=torch.bfloat16), InputError, "operands' dtype"),
         (lambda: sampled_matmul(a, b, lay, alpha=float("inf")), InputError, "finite"),
         (lambda: sampled_matmul(a.t(), b, lay), InputError, "contiguous"),
     ]
@@ -377,3 +381,13 @@ def test_bench_gemm_plan_and_table(capsys):
     recs = [dict(op="dsd", M=8, K=8, N=8, block=64, density=0.25, peer=p, time_ms=t, tflops=1.0)
             for p, t in (("ours", 1.0), ("cublas-dense", 2.0))]
     assert "2.0" in bg.table(recs)
+
+
+def test_int32_size_limit(monkeypatch):
+    from blackwell_sparsek.ops import _gemm_checks as chk
+    monkeypatch.setattr(chk, "INT_LIMIT", 200)
+    a = rand_matrix(256, 128, 64, seed=31)
+    with pytest.raises(InputError, match="2\\^31"):
+        bsr_matmul(a, randn(128, 64))
+    with pytest.raises(InputError, match="2\\^31"):
+        sampled_matmul(randn(256, 64), randn(64, 128), a.layout)

@@ -5,7 +5,9 @@ run while torch.compile traces.
 
 The rules (one place for each fact):
 
-- operands fp16 or bf16, all of one dtype; outputs fp16, bf16 or fp32; bias in the output dtype, ``[N]``;
+- operands fp16 or bf16, all of one dtype; outputs in the operands' dtype or fp32; bias in the output dtype,
+  ``[N]``;
+- every size (M, N, K, nnz · block side) below 2^31 - 256 (int32 addressing in the kernels);
 - dense operands 2-D, row-major contiguous (strides ``(cols, 1)``), on one CUDA device or all on the CPU, with rows
   of a multiple of 16 bytes at a 16-byte aligned start (TMA): the inner dimension K and N multiples of 8 for 16-bit
   data (M, the row count, is free);
@@ -28,6 +30,7 @@ IN_DTYPES = (torch.float16, torch.bfloat16)
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_SHAPES = ((64, 64), (128, 128))
 ROW_ALIGN_BYTES = 16
+INT_LIMIT = 2**31 - 1 - 256   # the kernels address rows, columns and value blocks in int32 (tiles past the end)
 
 
 def _names(dtypes) -> str:
@@ -40,10 +43,20 @@ def check_scalar(x: Any, name: str) -> float:
     return float(x)
 
 
-def check_out_dtype(dt: Any) -> torch.dtype:
+def check_out_dtype(dt: Any, in_dtype: torch.dtype, name: str = "out_dtype") -> torch.dtype:
+    """The result dtype: the operands' own or float32."""
     if dt not in OUT_DTYPES:
-        raise InputError(f"out_dtype must be one of {_names(OUT_DTYPES)}, got {dt!r}")
+        raise InputError(f"{name} must be one of {_names(OUT_DTYPES)}, got {dt!r}")
+    if dt not in (in_dtype, torch.float32):
+        raise InputError(f"{name} is {dt} but the operands are {in_dtype}; the kernels write the operands' dtype or "
+                         f"float32: pass {in_dtype} or torch.float32")
     return dt
+
+
+def check_sizes(*sizes: int, nnz: int = 0, block: int = 0) -> None:
+    if max(sizes) > INT_LIMIT or nnz * block > INT_LIMIT:
+        raise InputError(f"sizes {sizes} (nnz {nnz} x block {block}) reach 2^31: the kernels address rows, columns "
+                         "and value blocks in int32; split the product into smaller calls")
 
 
 def check_block_shape(bm: int, bn: int, what: str = "layout") -> None:
@@ -133,18 +146,19 @@ def check_matmul(values: torch.Tensor, layout: Any, b: Any, *, transpose: bool, 
     check_dense(b, "b", dtypes=(values.dtype,) if b.dtype in IN_DTYPES else IN_DTYPES,
                 shape=(inner, n) if b.dim() == 2 else None, dims="[M, N] (transpose_a)" if transpose else "[K, N]",
                 device=values.device)
+    check_sizes(m, k, n, nnz=layout.nnz, block=max(layout.block_m, layout.block_n))
     alpha = check_scalar(alpha, "alpha")
     beta = check_scalar(beta, "beta")
     if out is None:
         if beta != 0.0:
             raise InputError(f"beta={beta} scales out's previous contents: pass out= (or beta=0)")
-        out_dtype = values.dtype if out_dtype is None else check_out_dtype(out_dtype)
+        out_dtype = values.dtype if out_dtype is None else check_out_dtype(out_dtype, values.dtype)
     else:
         if out_dtype is not None and isinstance(out, torch.Tensor) and out.dtype != out_dtype:
             raise InputError(f"out is {out.dtype} but out_dtype={out_dtype}; pass one of them, or make them agree")
         check_dense(out, "out", dtypes=OUT_DTYPES, shape=(rows, n), dims="[M, N]" if not transpose else "[K, N]",
                     device=values.device)
-        out_dtype = out.dtype
+        out_dtype = check_out_dtype(out.dtype, values.dtype, "out's dtype")
         if out.requires_grad:
             raise InputError("out= is for inference and does not record gradients; drop out= to differentiate")
     if bias is not None:
@@ -173,8 +187,9 @@ def check_sampled(a: Any, b: Any, layout: Any, *, alpha: Any, out_dtype: Any) ->
     check_dense(b, "b", dtypes=(a.dtype,) if getattr(b, "dtype", None) in IN_DTYPES else IN_DTYPES,
                 shape=(k, n) if n >= 0 else None, dims="[K, N]", device=a.device)
     check_layout(layout, m, n, "layout", device=a.device)
+    check_sizes(m, k, n, nnz=layout.nnz, block=max(layout.block_m, layout.block_n))
     alpha = check_scalar(alpha, "alpha")
-    out_dtype = a.dtype if out_dtype is None else check_out_dtype(out_dtype)
+    out_dtype = a.dtype if out_dtype is None else check_out_dtype(out_dtype, a.dtype)
     return alpha, out_dtype
 
 

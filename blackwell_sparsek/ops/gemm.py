@@ -91,12 +91,21 @@ def _fallback_warning(reason: str) -> None:
                       f"reference instead", RuntimeWarning, stacklevel=4)
 
 
+_KERNEL_CAPABILITY = (9, 0)   # the kernels are built for sm_90a (H100/H200)
+
+
 def _kernel(t: torch.Tensor):
+    """The kernel module for tensors on t's device, or None (the reference runs; off the CPU with a warning)."""
     if not t.is_cuda:
         return None
     mod = _cuda_module()
     if mod is None:
         _fallback_warning("this build has no block-sparse GEMM kernels (ops/_gemm_cuda.py)")
+        return None
+    cap = torch.cuda.get_device_capability(t.device)
+    if tuple(cap) != _KERNEL_CAPABILITY:
+        _fallback_warning(f"the GEMM kernels run on sm_90 (H100/H200), this device is sm_{cap[0]}{cap[1]}")
+        return None
     return mod
 
 

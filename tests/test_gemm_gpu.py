@@ -60,7 +60,7 @@ SHAPES = [(1024, 1024, 1024, 128), (1024, 768, 512, 64), (1000, 512, 264, 128), 
           (8, 128, 8, 64), (4096, 2048, 1024, 128)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,k,n,block", SHAPES)
 def test_bsr_matmul_forward(dtype, m, k, n, block):
     a = _matrix(m, k, block, dtype)
@@ -74,7 +74,7 @@ def test_bsr_matmul_forward(dtype, m, k, n, block):
     assert relative_error(yt, a.to_dense().double().t() @ bt.double()) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 def test_bsr_matmul_alpha_beta_bias(out_dtype):
     dtype = torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float16
     a = _matrix(1000, 512, 128, dtype)
@@ -100,7 +100,7 @@ def test_bsr_matmul_empty_layout_and_torch_bsr():
     assert relative_error(y, a.to_dense().double() @ b.double()) <= 1e-2
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,k,n,block", SHAPES)
 def test_sampled_matmul_forward(dtype, m, k, n, block):
     n = max(n, block)
@@ -113,7 +113,7 @@ def test_sampled_matmul_forward(dtype, m, k, n, block):
         assert relative_error(s.values, ref) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("m,k,n,block", [(1024, 512, 256, 128), (777, 384, 136, 64)])
 def test_bsr_matmul_backward(dtype, transpose, m, k, n, block):
@@ -133,7 +133,7 @@ def test_bsr_matmul_backward(dtype, transpose, m, k, n, block):
     assert relative_error(bias.grad, biasd.grad) <= 1e-5
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,k,n,block", [(1024, 512, 1024, 128), (777, 136, 392, 64)])
 def test_sampled_matmul_backward(dtype, m, k, n, block):
     lay = BlockSparseLayout.from_block_mask(_mask(-(-m // block), -(-n // block), 0.4), m, n, block, block)

@@ -71,6 +71,9 @@ _LAZY = {
     "cache_ls": ".jit.kernels",
     "cache_clear": ".jit.kernels",
     "render": ".jit.codegen",
+    "BlockSparseMatrix": ".matrix",
+    "bsr_matmul": ".ops.gemm",
+    "sampled_matmul": ".ops.gemm",
 }
 
 
@@ -96,4 +99,5 @@ __all__ = [
     "CudaError", "JitDisabledError", "EnvError", "CacheError", "UnsafeCacheError",
     "generate", "build", "render", "CompiledKernel", "cache_ls", "cache_clear",
     "BlockSparseLayout", "sparse_attention", "precompile",
+    "BlockSparseMatrix", "bsr_matmul", "sampled_matmul",
 ]

@@ -1,5 +1,7 @@
 """Dense-masked reference attention: the definition every kernel is checked against.
 
+Also the block-sparse GEMM references (bsr_to_dense, bsr_matmul_reference, sampled_matmul_reference).
+
 Computes in float64 (or a given dtype) from the layout's exact element mask, so it is the ground truth for the
 block structure, block kinds, the element rule and sequence ends. Memory is O(B·H·Sq·Sk): for tests and small
 checks, and the op's fallback when no GPU or nvcc is available.
@@ -53,3 +55,35 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     den = torch.linalg.vector_norm(r).item()
     num = torch.linalg.vector_norm(o - r).item()
     return num / den if den > 0 else num
+
+
+# -- block-sparse GEMM (blackwell_sparsek.matrix.BlockSparseMatrix, blackwell_sparsek.ops.gemm) ------------------
+
+def bsr_to_dense(values: torch.Tensor, layout, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The dense ``[M, K]`` matrix of block values ``[nnz, bm, bk]`` (col_idx order) on a one-head layout, in
+    ``dtype`` (default: values'); entries past the matrix edge are dropped. Differentiable in ``values``."""
+    lay = layout.to(values.device)
+    nq, nk, bm, bk = lay.n_qblocks, lay.n_kblocks, lay.block_m, lay.block_n
+    _, r, c, _ = lay._coo()
+    v = values if dtype is None else values.to(dtype)
+    grid = v.new_zeros(nq * nk, bm, bk).index_put((r * nk + c,), v)
+    return grid.reshape(nq, nk, bm, bk).transpose(1, 2).reshape(nq * bm, nk * bk)[:lay.seq_q, :lay.seq_k]
+
+
+def bsr_matmul_reference(values: torch.Tensor, layout, b: torch.Tensor, *, transpose: bool = False,
+                         dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``A @ b`` (or ``Aᵀ @ b``) in ``dtype`` with A the block-sparse matrix (values, layout)."""
+    a = bsr_to_dense(values, layout, dtype)
+    return (a.t() if transpose else a) @ b.to(dtype)
+
+
+def sampled_matmul_reference(a: torch.Tensor, b: torch.Tensor, layout,
+                             dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The blocks ``[nnz, bm, bn]`` of ``a @ b`` that the one-head ``layout`` over ``(M, N)`` lists, in ``dtype``;
+    zero past the matrix edge."""
+    lay = layout.to(a.device)
+    nq, nk, bm, bn = lay.n_qblocks, lay.n_kblocks, lay.block_m, lay.block_n
+    c = a.to(dtype) @ b.to(dtype)
+    c = torch.nn.functional.pad(c, (0, nk * bn - c.shape[1], 0, nq * bm - c.shape[0]))
+    _, r, col, _ = lay._coo()
+    return c.reshape(nq, bm, nk, bn).transpose(1, 2)[r, col]

@@ -48,7 +48,18 @@ def _attn_bwd_args():
                                 window_left=-1, window_right=-1, scale=0.125)
 
 
-LAUNCH_ARGS = {"attn_fwd": _attn_fwd_args, "attn_bwd": _attn_bwd_args}
+def _bsr_gemm_args():
+    from blackwell_sparsek.families import bsr_gemm
+    from blackwell_sparsek.layout import BlockSparseLayout
+    lay = BlockSparseLayout.random_topk(300, 2, seed=0, seq_k=260, block_m=128, block_n=128)
+    vals = torch.zeros(lay.nnz, 128, 128, dtype=torch.float16)
+    b, out = torch.zeros(260, 64, dtype=torch.float16), torch.zeros(300, 64, dtype=torch.float16)
+    return bsr_gemm.launch_args(a=vals, b=b, out=out, bias=torch.zeros(64), sched=lay.row_schedule()[0],
+                                blk_b=lay.col_idx[0], blk_a=None, m=300, n=64, k=260, nnz=lay.nnz, alpha=1.0,
+                                beta=0.0, sm_count=132)
+
+
+LAUNCH_ARGS = {"attn_fwd": _attn_fwd_args, "attn_bwd": _attn_bwd_args, "bsr_gemm": _bsr_gemm_args}
 
 
 # -- a tiny family: what a new family needs at least -----------------------------------------------------------

@@ -1,6 +1,7 @@
 """Command line of the benchmark tools: ``main(argv)`` with argv[0] the subcommand.
 
     python -m blackwell_sparsek bench [--quick | --preset quick|full|headline|tiny] [--out DIR]
+    python -m blackwell_sparsek bench gemm [--preset quick|full|headline] [--out DIR]   (block-sparse GEMM)
     python -m blackwell_sparsek compare-88 [--shapes 2x16x8192x128 ...] [--iterations 20] [--json PATH]
     python -m blackwell_sparsek profile [--config NAME] [--shape 2x16x8192x128] [--pattern dense] [--out DIR]
 
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     sub, rest = argv[0], argv[1:]
     try:
+        if sub == "bench" and rest[:1] == ["gemm"]:  # block-sparse GEMM benchmark (bench/gemm.py)
+            from .gemm import main as gemm_main
+            return gemm_main(rest[1:])
         if sub == "bench":
             return cmd_bench(_bench_parser().parse_args(rest))
         if sub in ("compare-88", "compare88"):

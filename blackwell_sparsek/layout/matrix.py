@@ -1,0 +1,72 @@
+"""Views of a BSR layout that the BSR GEMM kernels read (families/bsr_gemm.py), derived on the layout's device
+with no host sync and cached on the layout, like its row schedule and transpose (DESIGN.md, convention 5).
+
+* ``transposed_value_index(layout)``: for each listed block of ``layout.transpose()`` (column-major order), its
+  index in the original values (row-major order) -- so Aᵀ·B reads A's values where they are, with no transposed
+  copy. ``layout.transpose().col_idx`` gives the block's row in A at the same positions.
+* ``sdd_schedule(layout, sm_count)``: the SDD work list, int32 ``[nnz, 4]`` entries ``(row, col, value, 0)`` in an
+  order that keeps the output blocks running at one time on few block rows and block columns (L2 reuse of A's row
+  strips and B's column strips).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._trusted import mark as _mark_checked
+
+
+def transposed_value_index(layout) -> torch.Tensor:
+    """int32 ``[Hl, nnz_max]``: position ``q`` of ``layout.transpose()``'s listed blocks -> the index of that block in
+    ``layout``'s values (``col_idx`` order). Padding positions hold 0. The same stable sort on the block column that
+    builds the transpose (bsr.py), so the positions agree exactly (a test checks)."""
+    cache = layout._cache  # the layout's view cache (bsr.py): derived tensors live and die with the layout
+    got = cache.get("gemm_transposed_value_index")
+    if got is None:
+        rp, ci = layout.row_ptr.long(), layout.col_idx
+        hl, m = ci.shape
+        pos = torch.arange(m, device=ci.device).expand(hl, m)
+        valid = pos < rp[:, -1:]
+        key = torch.where(valid, ci.long(), layout.n_kblocks)
+        order = torch.sort(key, dim=1, stable=True).indices
+        # the transpose lists as many blocks per head, first: its valid positions are these
+        got = torch.where(valid, order, 0).to(torch.int32).contiguous()
+        _mark_checked(got)
+        cache["gemm_transposed_value_index"] = got
+    return got
+
+
+def block_rows(layout) -> torch.Tensor:
+    """int64 ``[Hl, nnz_max]``: the block row of each listed block (padding: the last row + 1)."""
+    rp, ci = layout.row_ptr.long(), layout.col_idx
+    hl, m = ci.shape
+    pos = torch.arange(m, device=ci.device).expand(hl, m).contiguous()
+    return torch.searchsorted(rp, pos, right=True) - 1
+
+
+def sdd_group_rows(layout, sm_count: int) -> int:
+    """Block rows per group of the SDD order: about sqrt(sm_count / density), so the ``sm_count`` blocks running at
+    once span about as many block rows as block columns."""
+    density = max(layout.density, 1e-9)
+    return max(1, min(layout.n_qblocks, round(math.sqrt(sm_count / density))))
+
+
+def sdd_schedule(layout, sm_count: int = 132) -> torch.Tensor:
+    """int32 ``[nnz, 4]`` (head 0; the GEMM layouts have one head): ``(row, col, value, 0)`` per listed block,
+    ordered by (row group, column, row) with ``sdd_group_rows`` rows per group. Cached per group size."""
+    group = sdd_group_rows(layout, sm_count)
+    key_name = f"gemm_sdd_schedule_{group}"
+    cache = layout._cache
+    got = cache.get(key_name)
+    if got is None:
+        nnz = layout.nnz_per_head[0]
+        ci = layout.col_idx[0, :nnz].long()
+        rows = block_rows(layout)[0, :nnz]
+        key = (rows // group) * layout.n_kblocks + ci
+        order = torch.sort(key, stable=True).indices  # rows ascend within a key: entries are row-major
+        got = torch.stack([rows[order], ci[order], order, torch.zeros_like(order)], dim=1).to(torch.int32)
+        got = got.contiguous()
+        _mark_checked(got)
+        cache[key_name] = got
+    return got

@@ -1,0 +1,85 @@
+// The BSR GEMM's work list: which output tile a persistent CTA's w-th item is, and which A and B tiles its k
+// steps read. Items are output block rows (DSD: block rows of A, heaviest first from the layout's row schedule;
+// DSD_T: block columns of A, heaviest first from the transposed layout's schedule) times N tiles, or (SDD) the
+// listed output blocks in a column-grouped order. N tiles are walked in strips: the CTAs running at one time share
+// a strip of B's columns (strip * TileN wide, K deep, sized in the launcher to fit half of L2) and each A row of
+// blocks is read once per strip.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+
+#include "cutlass/cutlass.h"
+
+namespace bsk {
+
+enum : int { kOpDsd = 0, kOpDsdT = 1, kOpSdd = 2 };
+// Named barrier (a CUTLASS user id) the two MMA warpgroups meet at after zeroing a padded A tile.
+enum : uint32_t { kBarGemmPad = 0 };
+
+struct GemmItem {
+  int out_blk;  // output block row (DSD, SDD: block row of A; DSD_T: block column of A)
+  int nt;       // N tile (SDD: 0)
+  int start;    // first listed block of the row (DSD/DSD_T)
+  int count;    // listed blocks of the row (DSD/DSD_T)
+  int steps;    // k steps of 64
+  int col_blk;  // SDD: the output block's column
+  int value;    // SDD: the output block's index in the values
+};
+
+struct GemmWork {
+  const int4* sched;   // DSD/DSD_T: row schedule (row, start, end, first); SDD: (row, col, value, 0)
+  const int* blk_b;    // per listed block, B's block row (DSD: col_idx; DSD_T: the transpose's col_idx)
+  const int* blk_a;    // DSD_T: per listed block of the transpose, its index in the values
+  int total;           // items
+  int n_items;         // schedule entries
+  int n_tiles;         // N tiles (SDD: 1)
+  int strip;           // N tiles per strip
+  int steps_per_block; // k steps per listed block (DSD/DSD_T); SDD: k steps of the dense K
+  int last_blk;        // the last block along the reduction when it is partial, else -1
+  int k_valid_last;    // its valid rows of the reduction (< the block), else the block
+  int n;               // N
+  int a_rows, a_cols;  // A's TMA view (rows x cols as the descriptor has them)
+  int b_k;             // B's reduction length (rows of b)
+
+  template <int Op>
+  CUTLASS_DEVICE GemmItem item(int w) const {
+    GemmItem it{};
+    int per_strip = n_items * strip;
+    int s = w / per_strip;
+    int rem = w - s * per_strip;
+    int wcur = min(strip, n_tiles - s * strip);
+    int r = rem / wcur;
+    it.nt = s * strip + (rem - r * wcur);
+    int4 e = sched[r];
+    it.out_blk = e.x;
+    if constexpr (Op == kOpSdd) {
+      it.col_blk = e.y;
+      it.value = e.z;
+      it.steps = steps_per_block;
+      it.start = 0;
+      it.count = 0;
+    } else {
+      it.start = e.y;
+      it.count = e.z - e.y;
+      it.steps = it.count * steps_per_block;
+    }
+    return it;
+  }
+
+  // The first k step of the row's last block when that block is the partial last one, else INT_MAX.
+  template <int Op>
+  CUTLASS_DEVICE int pad_step_from(GemmItem const& it) const {
+    if (Op == kOpSdd || last_blk < 0 || it.count == 0) return INT_MAX;
+    return blk_b[it.start + it.count - 1] == last_blk ? it.steps - steps_per_block : INT_MAX;
+  }
+};
+
+struct GemmEpilogueParams {
+  void* out;          // DSD/DSD_T: [rows, N] row-major; SDD: values [nnz, TileM, TileN]
+  const float* bias;  // [N] fp32 or null
+  float alpha, beta;
+  int rows;           // output rows (DSD: M, DSD_T: K)
+};
+
+}  // namespace bsk

@@ -1,0 +1,152 @@
+"""The BSR GEMM family on the CPU: configs and their rules, named configs, rendering, the kernel-choice function,
+what the kernels cannot serve, the layout views the kernels read, and one real nvcc compile of a DSD kernel."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import blackwell_sparsek as bsk
+from blackwell_sparsek import InvalidConfigError
+from blackwell_sparsek.families.bsr_gemm import BsrGemmConfig, Op, OutDType, max_stages
+from blackwell_sparsek.jit import codegen, kernels
+from blackwell_sparsek.jit.spec import DType, KernelConfig, load_named_configs
+from blackwell_sparsek.layout.matrix import block_rows, sdd_schedule, transposed_value_index
+from blackwell_sparsek.ops import _gemm_cuda as g
+
+L = bsk.BlockSparseLayout
+
+
+def test_default_and_named_configs_are_valid():
+    assert BsrGemmConfig().validate().kernel_name.startswith("bsk_sm90a_bsr_gemm_dsd_fp16_ofp16_b128x128_t128x256_s4_")
+    named = {n: c for n, c in load_named_configs().items() if c.family == "bsr_gemm"}
+    assert len(named) >= 12
+    for name, cfg in named.items():
+        assert cfg.config_name == name
+        assert {cfg.block_m, cfg.block_n} <= {64, 128}
+    ops = {c.op for c in named.values()}
+    assert ops == set(Op)
+    assert {c.dtype for c in named.values()} == {DType.FP16, DType.BF16}
+
+
+def test_config_round_trip_and_enum_spellings():
+    c = BsrGemmConfig(op="dsd_t", dtype="bf16", out_dtype="FP32", block_m=64, tile_n=128, stages=5)
+    assert c.op is Op.DSD_T and c.out_dtype is OutDType.FP32
+    assert c.tile_m == 128  # a DSD_T tile row is a block column of A
+    assert KernelConfig.from_json(c.to_json()) == c
+    assert "dsd_t_bf16_ofp32_b64x128_t128x128_s5" in c.kernel_name
+
+
+@pytest.mark.parametrize("fields,needle", [
+    (dict(block_m=96), "block_m 96"),
+    (dict(block_n=256), "block_n 256"),
+    (dict(tile_n=192), "tile_n 192"),
+    (dict(op="sdd", tile_n=256), "an SDD tile is one output block"),
+    (dict(stages=1), "stages 1"),
+    (dict(stages=8), "shared memory"),
+    (dict(arch="sm100a"), "no code generator"),
+])
+def test_bad_configs_name_the_fix(fields, needle):
+    cfg = BsrGemmConfig(**fields)
+    with pytest.raises(InvalidConfigError, match=needle) as e:
+        cfg.validate()
+    near = cfg.nearest_valid()
+    assert near is not None and near.problems() == []
+    assert "nearest valid config" in str(e.value)
+
+
+def test_non_int_fields_rejected():
+    with pytest.raises(InvalidConfigError, match="tile_n must be an int"):
+        BsrGemmConfig(tile_n="256")
+    with pytest.raises(InvalidConfigError, match="Op must be one of"):
+        BsrGemmConfig(op="sparse")
+
+
+def test_max_stages_fits_shared_memory():
+    for op in Op:
+        for bm in (64, 128):
+            for bn in (64, 128):
+                for tn in ((bn,) if op is Op.SDD else (64, 128, 256)):
+                    s = max_stages(op, DType.FP16, bm, bn, tn)
+                    BsrGemmConfig(op=op, block_m=bm, block_n=bn, tile_n=tn, stages=s).validate()
+
+
+def test_render_carries_the_choices():
+    src = codegen.render(BsrGemmConfig(op="dsd_t", dtype="bf16", out_dtype="fp32", block_m=64, block_n=128,
+                                       tile_n=128, stages=5))
+    assert "bsk::kOpDsdT" in src and "cutlass::bfloat16_t, /*ElementOut=*/float" in src
+    assert "/*TileM=*/128" in src and "/*Stages=*/5" in src
+    assert '#include "bsk/bsr_gemm.hpp"' in src
+
+
+def test_config_for_picks_tile_and_stages():
+    big = g.config_for(Op.DSD, torch.float16, torch.float16, 128, 128, 8192, 64, 132)
+    assert (big.tile_n, big.stages) == (256, 4)
+    small = g.config_for(Op.DSD, torch.float16, torch.float32, 128, 128, 256, 8, 132)
+    assert small.tile_n == 64 and small.out_dtype is OutDType.FP32  # 8 rows: narrower tiles fill more SMs
+    sdd = g.config_for(Op.SDD, torch.bfloat16, torch.bfloat16, 64, 128, 4096, 1000, 132)
+    assert sdd.tile_n == 128 and sdd.tile_m == 64
+
+
+def test_problems_helper():
+    assert g.problems(op="dsd", dtype=torch.float16, out_dtype=torch.float32, m=1000, n=264, k=1001) == []
+    assert any("multiple of 8" in p for p in g.problems(op="dsd", n=260))
+    assert any("16-byte rows of a" in p for p in g.problems(op="sdd", n=8, k=12))
+    assert g.problems(op="dsd", k=12) == []  # DSD's K may be anything
+    assert any("torch.float16 or torch.bfloat16" in p for p in g.problems(dtype=torch.float32))
+    assert any("inputs' dtype or torch.float32" in p
+               for p in g.problems(dtype=torch.float16, out_dtype=torch.bfloat16))
+    assert any("blocks of 64 or 128" in p for p in g.problems(block_m=32))
+    assert any("one (num_heads == 1)" in p for p in g.problems(num_heads=2))
+    assert any("element rule" in p for p in g.problems(has_rule=True))
+    assert any("sm_90" in p for p in g.problems(capability=(8, 0)))
+    assert any("2^31" in p for p in g.problems(nnz=2**25))
+    assert any("op 'mm'" in p for p in g.problems(op="mm"))
+
+
+def _mask_layout(seed, m, k, bm, bk, dens=0.3):
+    gen = torch.Generator().manual_seed(seed)
+    nq, nk = -(-m // bm), -(-k // bk)
+    mask = torch.rand(nq, nk, generator=gen) < dens
+    mask[-1] = False
+    return L.from_block_mask(mask, seq_q=m, seq_k=k, block_m=bm, block_n=bk)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_transposed_value_index_agrees_with_transpose(seed):
+    lay = _mask_layout(seed, 1000, 1300, 128, 64)
+    t = lay.transpose()
+    nnz = lay.nnz
+    perm = transposed_value_index(lay)[0, :nnz].long()
+    assert sorted(perm.tolist()) == list(range(nnz))
+    # the transposed entry q is block (row = t.col_idx[q], col = t's row of q) of A, stored at values[perm[q]]
+    assert torch.equal(block_rows(lay)[0, perm].int(), t.col_idx[0, :nnz])
+    assert torch.equal(lay.col_idx[0, perm].long(), block_rows(t)[0, :nnz])
+    assert transposed_value_index(lay) is transposed_value_index(lay)  # cached
+
+
+def test_sdd_schedule_lists_every_block_once():
+    lay = _mask_layout(3, 2000, 3000, 64, 128, 0.4)
+    s = sdd_schedule(lay, 132)
+    nnz = lay.nnz
+    assert s.shape == (nnz, 4) and s.dtype == torch.int32 and s.is_contiguous()
+    assert sorted(s[:, 2].tolist()) == list(range(nnz))
+    v = s[:, 2].long()
+    assert torch.equal(s[:, 0].long(), block_rows(lay)[0, v]) and torch.equal(s[:, 1], lay.col_idx[0, v])
+    assert sdd_schedule(lay, 132) is s
+
+
+@pytest.mark.real_compile
+@pytest.mark.slow
+def test_real_compile_dsd_kernel(bsk_cache):
+    """The real nvcc on one DSD kernel (about 30 s): the templates compile and export the launcher ABI."""
+    from blackwell_sparsek.jit import compiler
+    from blackwell_sparsek.errors import ToolchainError
+    try:
+        compiler.nvcc_version(compiler.find_nvcc())
+        compiler.cutlass_paths()
+    except ToolchainError as e:
+        pytest.skip(f"needs nvcc and CUTLASS: {e}")
+    cfg = BsrGemmConfig(op="dsd", block_m=64, block_n=128, tile_n=128, stages=6)
+    e = kernels.ensure_built(cfg)
+    assert e.built and e.so_path.stat().st_size > 0
+    assert cfg.kernel_name.encode() in e.so_path.read_bytes()

@@ -131,7 +131,7 @@ class BsrBase:
                 lay.row_schedule()
             if lay.device.type != "meta":  # no values to count on meta
                 lay.row_stats()
-        if self.split_plan() is not None:
+        if self.device.type != "meta" and self.split_plan() is not None:
             self.split_schedule()
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -70,23 +70,28 @@ def check_split_values(row_sched: torch.Tensor, split_sched: torch.Tensor, s: in
 
 
 def combine(o, lse, ws_o, ws_lse, split_sched, s: int, k: int, block_m: int) -> None:
-    """Merge the pieces of the split rows (module docstring) into o and lse, in place, on their stream."""
-    B, H, _, D = o.shape
+    """Merge the pieces of the split rows (module docstring) into o and lse, in place, on their stream. Few ops
+    (each a launch): the combine's cost is mostly the host's."""
+    B, H, Sq, D = o.shape
     hl = split_sched.shape[0]
     lw = ws_lse.view(B, H, s, k, block_m)
-    top = lw.amax(dim=3, keepdim=True)
-    top = torch.where(top == float("-inf"), torch.zeros_like(top), top)  # no key in any piece: weights 0
+    top = lw.amax(dim=3, keepdim=True).clamp_(min=-3.0e38)  # no key in any piece: finite, so the weights are 0
     w = torch.exp(lw - top)
     total = w.sum(dim=3)
     row_lse = top.squeeze(3) + torch.log(total)
     row_o = (ws_o.view(B, H, s, k, block_m, D) * w.unsqueeze(-1)).sum(dim=3)
-    row_o = row_o / torch.where(total == 0, torch.ones_like(total), total).unsqueeze(-1)
-    rows = split_sched[:, 0:s * k:k, 0].long()
-    idx = (rows.unsqueeze(2) * block_m + torch.arange(block_m, device=rows.device)).view(hl, s * block_m)
-    heads = torch.arange(H, device=rows.device).unsqueeze(1) if hl > 1 else slice(None)
-    at = idx if hl > 1 else idx[0]
-    o[:, heads, at] = row_o.view(B, H, s * block_m, D).to(o.dtype)
-    lse[:, heads, at] = row_lse.view(B, H, s * block_m)
+    row_o.div_(total.clamp(min=1e-30).unsqueeze(-1))  # total 0: row_o is 0 (empty or fully masked pieces)
+    rows = split_sched[:, 0:s * k:k, 0].long()  # [Hl, S]
+    nfull = Sq // block_m  # split rows are whole block rows (never the partial last one)
+    o_rows = o.narrow(2, 0, nfull * block_m).unflatten(2, (nfull, block_m))
+    lse_rows = lse.narrow(2, 0, nfull * block_m).unflatten(2, (nfull, block_m))
+    if hl == 1:
+        o_rows.index_copy_(2, rows[0], row_o.to(o.dtype))
+        lse_rows.index_copy_(2, rows[0], row_lse)
+    else:
+        heads = torch.arange(H, device=rows.device).unsqueeze(1)
+        o_rows[:, heads, rows] = row_o.to(o.dtype)
+        lse_rows[:, heads, rows] = row_lse
 
 
 def launch_split(q, k, v, col_idx, block_kind, split_sched, meta, split, scale, config_json):

@@ -94,6 +94,17 @@ def test_gradients_match_reference(pattern, D, dtype):
     _check_grads(q, k, v, do, glse, layout.to("cuda"), causal)
 
 
+@pytest.mark.parametrize("D,dtype", [(128, torch.bfloat16)], ids=["d128bf16"])
+def test_gradients_through_a_split_kv_forward(D, dtype):
+    """A layout with global rows runs the split-KV forward (attn_fwd_split); its O and LSE feed the backward."""
+    from test_split_kv import global_rows
+    layout = global_rows(5120 + 77, heads=2, band=0, n_random=1, seed=9).to("cuda")
+    from blackwell_sparsek.ops import default_config
+    assert default_config(D, dtype, layout).split_kv
+    q, k, v, do, glse = _inputs(1, 2, 2, layout.seq_q, layout.seq_k, D, dtype)
+    _check_grads(q, k, v, do, glse, layout, False)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("pattern", ["causal", "topk_per_head", "empty_rows_cols"])
 def test_gqa_bshd_odd_lengths(pattern, dtype):

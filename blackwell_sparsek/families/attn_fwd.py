@@ -53,6 +53,7 @@ class AttentionConfig(KernelConfig):
     block_m: int = 128
     block_n: int = 128
     arch: Arch = Arch.SM90A
+    split_kv: bool = False  # pieces of long rows to a workspace + combine (layout.split_plan(); 128-row tiles)
 
     family: ClassVar[str] = "attn_fwd"
     template: ClassVar[str] = "attn_fwd.cu.j2"
@@ -72,6 +73,7 @@ class AttentionConfig(KernelConfig):
         ("col_stride", "int"),
         ("window_left", "int"), ("window_right", "int"),
         ("scale", "float"), ("sm_count", "int"), ("rank_major", "int"),
+        ("ws_o", "float*"), ("ws_lse", "float*"), ("n_pieces", "int"),
     )
 
     def __post_init__(self) -> None:
@@ -84,11 +86,21 @@ class AttentionConfig(KernelConfig):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidConfigError(f"{name} must be an int, got {v!r}")
+        if not isinstance(self.split_kv, bool):
+            raise InvalidConfigError(f"split_kv must be a bool, got {self.split_kv!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical form; split_kv only when set, so the configs made before it existed keep their JSON,
+        names and cache keys."""
+        d = super().to_dict()
+        if not self.split_kv:
+            del d["split_kv"]
+        return d
 
     def name_facts(self) -> str:
         sched = {"COOPERATIVE": "coop", "PINGPONG": "pp", "SINGLE": "single", "DUAL": "dual"}[self.schedule.name]
         return (f"d{self.head_dim}_{self.dtype.value}_t{self.tile_m}x{self.tile_n}_{sched}_s{self.stages}"
-                f"_b{self.block_m}x{self.block_n}")
+                f"_b{self.block_m}x{self.block_n}" + ("_split" if self.split_kv else ""))
 
     @property
     def q_stages(self) -> int:
@@ -139,6 +151,9 @@ class AttentionConfig(KernelConfig):
         if self.schedule is Schedule.SINGLE and (self.stages % 2 or self.stages < 4):
             p.append(f"stages {self.stages}: the single schedule needs an even count >= 4 (K and V of "
                      f"stages/2 tiles in flight)")
+        if self.split_kv and self.schedule not in (Schedule.COOPERATIVE, Schedule.PINGPONG):
+            p.append(f"split_kv runs on the two-warpgroup schedules (cooperative, pingpong), not "
+                     f"{self.schedule.value}; set split_kv=False or schedule='cooperative'")
         tile_n_ok = self.tile_n in (64, 128)
         if not tile_n_ok:
             p.append(f"tile_n {self.tile_n} is not supported; use 64 or 128 (a WGMMA N that keeps the "
@@ -175,7 +190,8 @@ class AttentionConfig(KernelConfig):
         single = self.schedule is Schedule.SINGLE
         st = min(max(self.stages, 4 if single else 2), 16)
         cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=tm, tile_n=tn,
-                                   block_m=bm, block_n=bn, stages=st - st % 2 if single else st)
+                                   block_m=bm, block_n=bn, stages=st - st % 2 if single else st,
+                                   split_kv=self.split_kv and self.schedule in (Schedule.COOPERATIVE, Schedule.PINGPONG))
         while cand.stages > (4 if single else 2) and cand.problems():
             cand = dataclasses.replace(cand, stages=cand.stages - (2 if single else 1))
         return None if cand.problems() else cand
@@ -194,15 +210,17 @@ class AttentionConfig(KernelConfig):
             "ctas_per_sm": self.ctas_per_sm,
             "schedule": self.schedule.value,
             "dual": self.schedule is Schedule.DUAL,
+            "split_kv": self.split_kv,
         }
 
 
 
 def launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta: list[int], scale: float,
-                sm_count: int) -> dict[str, Any]:
+                sm_count: int, ws_o=None, ws_lse=None, n_pieces: int = 0) -> dict[str, Any]:
     """Every field of the launcher's argument struct, by ABI name, from the op's tensors. meta = [window_left,
     window_right, n_kblocks, rank_major] of the layout (rank_major: rows differ in length, order tiles
-    heaviest-first across heads)."""
+    heaviest-first across heads). Split-KV: row_sched is the split schedule, whose first n_pieces entries per head
+    write to the workspace ws_o / ws_lse (fp32)."""
     B, H, Sq, D = q.shape
     qs, ks, vs, os_, ls = (_tma_strides(t) for t in (q, k, v, o, lse))
     return dict(
@@ -218,6 +236,8 @@ def launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta: list[int]
         col_stride=col_idx.stride(0),
         window_left=meta[0], window_right=meta[1],
         scale=scale, sm_count=sm_count, rank_major=meta[3],
+        ws_o=0 if ws_o is None else ws_o.data_ptr(), ws_lse=0 if ws_lse is None else ws_lse.data_ptr(),
+        n_pieces=n_pieces,
     )
 
 

@@ -40,6 +40,7 @@ import torch
 
 from .._trusted import mark as _mark_checked
 from ..errors import LayoutError
+from . import split as _split
 from ._common import BOUNDS, FULL, MAX_DENSE_BLOCKS, RULE, as_int, as_window, cdiv, normalize_device, rule_desc
 
 # the row schedule packs a block column in 24 bits (column | kind << 24)
@@ -130,6 +131,8 @@ class BsrBase:
                 lay.row_schedule()
             if lay.device.type != "meta":  # no values to count on meta
                 lay.row_stats()
+        if self.device.type != "meta" and self.split_plan() is not None:
+            self.split_schedule()
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable (cannot set {name!r}); build a new layout instead")
@@ -315,7 +318,7 @@ class BsrBase:
             object.__setattr__(self, "_copies", copies)
         other = copies.get(dev)
         if other is None:
-            known = {key: self._cache[key] for key in ("uniform_rows", "row_stats") if key in self._cache}
+            known = {key: self._cache[key] for key in ("uniform_rows", "row_stats", "split_plan") if key in self._cache}
             other = type(self)._trusted(self._row_ptr.to(dev), self._col_idx.to(dev), self._block_kind.to(dev),
                                         self._sizes(), self._window_left, self._window_right, check=False,
                                         nnz_per_head=self._nnz_per_head, cache=known)
@@ -372,16 +375,45 @@ class BsrBase:
         return self._cache["row_stats"]
 
     def _row_facts(self) -> None:
-        """uniform_rows() and row_stats() from one reduction and one host sync."""
+        """uniform_rows(), row_stats() and split_plan() from one reduction and one host sync."""
         c = self.row_counts().double()
         if c.numel() == 0:
             self._cache["uniform_rows"], self._cache["row_stats"] = True, (0.0, 0.0, 0.0)
+            self._cache["split_plan"] = None
             return
         mean, top = c.mean(), c.amax()
         cv = torch.where(mean > 0, c.std(unbiased=False) / mean.clamp(min=1e-30), torch.zeros_like(mean))
-        mean_, cv_, short_, low = torch.stack([mean, cv, (c < top).double().mean(), c.amin() - top]).tolist()
+        got = torch.stack([mean, cv, (c < top).double().mean(), c.amin() - top, *_split.facts(c, mean)]).tolist()
+        mean_, cv_, short_, low = got[:4]
         self._cache["uniform_rows"] = low == 0
         self._cache["row_stats"] = tuple(round(x, 4) for x in (mean_, cv_, short_))
+        self._cache["split_plan"] = _split.plan(self.n_qblocks, mean_, *got[4:], self._partial_last())
+
+    def _partial_last(self) -> bool:
+        return self._seq_q % self._block_m != 0
+
+    def split_plan(self) -> tuple[int, int] | None:
+        """(S, K): the S longest rows of every head run as K pieces each (split-KV, layout/split.py), or None when
+        the rows' lengths are not skewed enough. Cached with row_stats()."""
+        if "split_plan" not in self._cache:
+            self._row_facts()
+        return self._cache["split_plan"]
+
+    def split_schedule(self) -> torch.Tensor:
+        """int32 [Hl, nq - S + S * K, 4]: the row schedule with the S longest rows of every head as K pieces each,
+        pieces first (layout/split.py). Cached; built with the layout on CUDA. LayoutError without a split_plan()."""
+        got = self._cache.get("split_schedule")
+        if got is None:
+            sk = self.split_plan()
+            if sk is None:
+                raise LayoutError("this layout's rows are not skewed enough to split (split_plan() is None); use "
+                                  "row_schedule()")
+            packed = self.col_idx | (self.block_kind.to(self.col_idx.dtype) << 24)
+            got = _split.split_schedule(self.row_counts(), self.row_ptr, self.row_schedule(), packed, *sk,
+                                        self._partial_last())
+            _mark_checked(got)
+            self._cache["split_schedule"] = got
+        return got
 
     def row_order(self) -> torch.Tensor:
         """int32 [Hl, nq]: query-block rows by descending block count (stable: ties keep row order). Cached.

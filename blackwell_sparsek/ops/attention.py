@@ -241,7 +241,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
         # Traced by dynamo: no file system, no caches with side effects, nothing computed here and kept on the
         # layout. The config is a trace-time constant (validated like the eager path's).
         cfg_json = dispatch.config_json_traced(config, D, q.dtype, layout.block_m, layout.block_n,
-                                               layout.row_stats())
+                                               layout.row_stats(), layout.split_plan())
         if q.device.type != "cuda":  # the eager path's fallback, as an op the graph can hold
             o, lse = _attn_fwd_reference(q, k, v, layout.row_ptr, layout.col_idx, layout.block_kind,
                                          [layout.block_m, layout.block_n, layout.window_left, layout.window_right],
@@ -250,8 +250,13 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
         if layout.device != q.device:
             raise LayoutError(f"under torch.compile the layout must already be on {q.device}: call "
                               f"layout.to({str(q.device)!r}) once before the compiled function")
-        o, lse = _attn_fwd(q, k, v, layout.col_idx, layout.block_kind, _built_row_schedule(layout, causal),
-                           _meta(layout, det), scale, cfg_json)
+        if dispatch.is_split(cfg_json):
+            o, lse = _split.attn_fwd_split(q, k, v, layout.col_idx, layout.block_kind,
+                                           _built_row_schedule(layout, causal), _built_split_schedule(layout),
+                                           _meta(layout, det), list(layout.split_plan()), scale, cfg_json)
+        else:
+            o, lse = _attn_fwd(q, k, v, layout.col_idx, layout.block_kind, _built_row_schedule(layout, causal),
+                               _meta(layout, det), scale, cfg_json)
         return (o, lse) if return_lse else o
 
     check_pointers(q, k, v)
@@ -263,6 +268,15 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
         return (o, lse) if return_lse else o
     # Plain eager calls launch directly: every argument is checked above and the index tensors are the layout's
     # own; other calls go through the dispatcher to the op, which checks its arguments itself.
+    if dispatch.is_split(cfg_json):
+        split = list(lay.split_plan())
+        if _direct_call_ok(q, k, v):
+            o, lse = _split.launch_split(q, k, v, lay.col_idx, lay.block_kind, lay.split_schedule(),
+                                         _meta(lay, det), split, scale, cfg_json)
+        else:
+            o, lse = _split.attn_fwd_split(q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(),
+                                           lay.split_schedule(), _meta(lay, det), split, scale, cfg_json)
+        return (o, lse) if return_lse else o
     fwd = _launch if _direct_call_ok(q, k, v) else _attn_fwd
     o, lse = fwd(q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(), _meta(lay, det), scale, cfg_json)
     return (o, lse) if return_lse else o
@@ -287,6 +301,16 @@ def _built_row_schedule(layout, causal: bool) -> torch.Tensor:
         raise LayoutError(f"under torch.compile the kernel reads the layout's row schedule, which must be built "
                           f"before the compiled function runs: call {which} once eagerly on the layout on "
                           f"{layout.device} (it is cached), or make one eager sparse_attention call")
+    return got
+
+
+def _built_split_schedule(layout) -> torch.Tensor:
+    """The layout's split schedule, built with the layout on CUDA (see _built_row_schedule)."""
+    got = layout._cache.get("split_schedule")
+    if got is None:
+        raise LayoutError("under torch.compile the kernel reads the layout's split schedule, which must be built "
+                          "before the compiled function runs: call layout.split_schedule() once eagerly (it is "
+                          "cached), or make one eager sparse_attention call")
     return got
 
 
@@ -338,5 +362,7 @@ def precompile(*configs, dtype: torch.dtype | str | None = None, head_dim: int |
         raise InvalidConfigError("precompile's layout= picks the config for head_dim= and dtype=: pass them too")
     return [build(c) for c in todo]
 
+
+from . import attention_split as _split  # noqa: E402 - the split-KV op (it imports this module)
 
 __all__ = ["sparse_attention", "precompile", "default_config"]

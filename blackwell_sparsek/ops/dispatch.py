@@ -57,15 +57,36 @@ def default_config(head_dim: int, dtype: torch.dtype | DType | str, layout=None,
         schedule = _as_schedule(schedule)
     if layout is None:
         return _config_for(head_dim, dt, 128, 128, (0.0, 0.0, 0.0), schedule)
-    return _config_for(head_dim, dt, layout.block_m, layout.block_n, layout.row_stats(), schedule)
+    return _config_for(head_dim, dt, layout.block_m, layout.block_n, layout.row_stats(), schedule,
+                       layout.split_plan())
 
 
 def _config_for(head_dim: int, dt: DType, bm: int, bn: int, stats: tuple[float, float, float],
-                schedule: Schedule | None
+                schedule: Schedule | None, split: tuple[int, int] | None = None
                 ) -> AttentionConfig:
+    """The default config; split-KV (layout.split_plan(): a few rows far longer than the rest) on the schedules
+    that take it (128-row tiles), so a long row runs as pieces on many SMs instead of one CTA's serial loop."""
     if schedule is None:
         schedule = default_schedule(head_dim, bm, stats)
-    return _derived_config(head_dim, dt, bm, bn, schedule)
+    cfg = _derived_config(head_dim, dt, bm, bn, schedule)
+    if split is not None and cfg.schedule in SPLIT_SCHEDULES:
+        cfg = _split_config(cfg)
+    return cfg
+
+
+SPLIT_SCHEDULES = (Schedule.COOPERATIVE, Schedule.PINGPONG)
+
+
+@lru_cache(maxsize=None)
+def _split_config(cfg: AttentionConfig) -> AttentionConfig:
+    import dataclasses
+    return dataclasses.replace(cfg, split_kv=True).validate()
+
+
+@lru_cache(maxsize=None)
+def is_split(config_json: str) -> bool:
+    """Whether the config (JSON) runs split-KV (the attn_fwd_split op)."""
+    return bool(getattr(config_from_json(config_json), "split_kv", False))
 
 
 def _as_schedule(schedule) -> Schedule:
@@ -120,7 +141,8 @@ def resolve_config(config, head_dim: int, dtype: torch.dtype, layout) -> Attenti
         from ..jit.spec import get_config
         config = get_config(config)
     if config is None or isinstance(config, Schedule):
-        return _config_for(head_dim, _DTYPES[dtype], layout.block_m, layout.block_n, layout.row_stats(), config)
+        return _config_for(head_dim, _DTYPES[dtype], layout.block_m, layout.block_n, layout.row_stats(), config,
+                           layout.split_plan())
     if not isinstance(config, AttentionConfig):
         raise InvalidConfigError(f"config must be an AttentionConfig, a named config or a Schedule, "
                                  f"not {type(config).__name__}")
@@ -135,6 +157,10 @@ def resolve_config(config, head_dim: int, dtype: torch.dtype, layout) -> Attenti
             f"config {config.kernel_name} serves {config.block_m}x{config.block_n} blocks but the layout has "
             f"{layout.block_m}x{layout.block_n}: use dataclasses.replace(config, block_m={layout.block_m}, "
             f"block_n={layout.block_n}) or config=None")
+    if config.split_kv and layout.split_plan() is None:
+        raise InvalidConfigError(
+            f"config {config.kernel_name} runs split-KV but the layout's rows are not skewed enough to split "
+            f"(layout.split_plan() is None): use dataclasses.replace(config, split_kv=False) or config=None")
     return config
 
 
@@ -157,18 +183,18 @@ def check_device(config_text: str, device_index: int) -> None:
     _check(config_from_json(config_text), device_index)
 
 
-def config_json_traced(config, head_dim, dtype, block_m, block_n, stats) -> str:
+def config_json_traced(config, head_dim, dtype, block_m, block_n, stats, split=None) -> str:
     """The kernel config as JSON while dynamo traces. A bad config raises the eager path's InvalidConfigError from
     traced code (an exception escaping an assume_constant_result function would surface as an internal dynamo
     error instead)."""
-    cfg_json, error = _config_json_const(config, head_dim, dtype, block_m, block_n, stats)
+    cfg_json, error = _config_json_const(config, head_dim, dtype, block_m, block_n, stats, split)
     if error:
         raise InvalidConfigError(error)
     return cfg_json
 
 
 @torch.compiler.assume_constant_result
-def _config_json_const(config, head_dim, dtype, block_m, block_n, stats) -> tuple[str, str]:
+def _config_json_const(config, head_dim, dtype, block_m, block_n, stats, split) -> tuple[str, str]:
     """(config JSON, "") or ("", the InvalidConfigError's message), computed once at trace time from plain values
     (a torch.compile constant)."""
     class _Geom:  # just what _resolve_config reads of a layout
@@ -176,6 +202,7 @@ def _config_json_const(config, head_dim, dtype, block_m, block_n, stats) -> tupl
     g = _Geom()
     g.block_m, g.block_n = block_m, block_n
     g.row_stats = lambda: stats
+    g.split_plan = lambda: split
     try:
         return json_of(resolve_config(config, head_dim, dtype, g)), ""
     except InvalidConfigError as e:

@@ -12,29 +12,34 @@
 #include "bsk/sm90/kernel_single.hpp"
 #include "bsk/sm90/mainloop_single.hpp"
 #include "bsk/sm90/mainloop_ws.hpp"
+#include "bsk/sm90/split_kv.hpp"
 
 namespace bsk {
 
 // TileM 128: two MMA warpgroups and a producer warp (cooperative, or persistent ping-pong); TileM 64: one
 // warpgroup per CTA that loads for itself (BsrMainloopSingle), or (Dual) two independent 64-row streams per
-// persistent CTA (BsrKernelDual).
+// persistent CTA (BsrKernelDual). SplitKV (two-warpgroup shells only): pieces of long rows write to a workspace
+// (split_kv.hpp).
 template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
-          bool Persistent, int CtasPerSm, bool Dual = false>
+          bool Persistent, int CtasPerSm, bool Dual = false, bool SplitKV = false>
 struct AttnFwdTraits {
   static_assert(!Dual || (TileM == 64 && QStages == 1), "dual: one 64-row tile and one Q slot per stream");
+  static_assert(!SplitKV || (TileM == 128 && !Dual), "split-KV: the two-warpgroup shells");
+  static constexpr bool kSplit = SplitKV;
+  using Scheduler = std::conditional_t<SplitKV, BsrSplitTileScheduler, BsrTileScheduler>;
   static constexpr bool kSingle = TileM == 64 && !Dual;
   static constexpr bool kDual = Dual;
   using Mainloop = std::conditional_t<
       kSingle, BsrMainloopSingle<Element, HeadDim, TileN, Stages, BlockM, BlockN>,
       BsrMainloop<Element, HeadDim, TileM, TileN, Stages, QStages, BlockM, BlockN, Persistent || Dual, Dual>>;
-  using Epilogue = BsrEpilogue<Element, HeadDim>;
+  using Epilogue = std::conditional_t<SplitKV, BsrSplitEpilogue<Element, HeadDim, BlockM>, BsrEpilogue<Element, HeadDim>>;
   using Kernel = std::conditional_t<
       kSingle, BsrKernelSingle<Mainloop, Epilogue, CtasPerSm>,
       std::conditional_t<Dual, BsrKernelDual<Mainloop, Epilogue>, std::conditional_t<
           Persistent,
-          fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler,
+          fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, Scheduler,
                                                fmha_k::Option<fmha_k::Tag::kLoadsQSeparately, cute::true_type>>,
-          fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BsrTileScheduler>>>>;
+          fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, Scheduler>>>>;
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kTileM = TileM;
   static constexpr int kBlockM = BlockM;
@@ -47,10 +52,21 @@ int attn_fwd_smem_bytes() {
   return int(Named::SharedStorageSize);
 }
 
+template <class Traits, class Args>
+auto epilogue_arguments(ProblemShape const& ps, Args const& a, StrideQKV const& dO, StrideLSE const& dLSE) {
+  using Epilogue = typename Traits::Epilogue;
+  using Element = typename Traits::Mainloop::Element;
+  if constexpr (Traits::kSplit) {
+    return Epilogue::to_underlying_arguments(
+        ps, typename Epilogue::Arguments{static_cast<Element*>(a.o), dO, a.lse, dLSE, a.ws_o, a.ws_lse, a.n_pieces});
+  } else {
+    return Epilogue::to_underlying_arguments(ps, typename Epilogue::Arguments{static_cast<Element*>(a.o), dO, a.lse, dLSE});
+  }
+}
+
 template <class Traits, class Named, class Args>
 int attn_fwd_launch(Args const& a, cudaStream_t stream) {
   using Mainloop = typename Traits::Mainloop;
-  using Epilogue = typename Traits::Epilogue;
   using Element = typename Mainloop::Element;
 
   if (a.head_dim != Traits::kHeadDim) return kErrBadHeadDim;
@@ -71,6 +87,12 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
   if (!fits_int(a.lse_stride_b) || !fits_int(a.lse_stride_h)) return kErrStrideRange;
   if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.o) || !aligned16(a.row_sched))
     return kErrMisaligned;
+
+  // split-KV: n_pieces schedule entries per layout head are pieces, each a workspace tile of BlockM rows
+  if constexpr (Traits::kSplit) {
+    if (a.n_pieces < 1 || a.n_pieces > a.n_qblocks || a.ws_o == nullptr || a.ws_lse == nullptr) return kErrBadShape;
+    if (!aligned16(a.ws_o) || !aligned16(a.ws_lse)) return kErrMisaligned;
+  }
 
   ProblemShape ps{a.batch, a.heads, a.seq_q, a.seq_k, a.head_dim};
   StrideQKV dQ{a.q_stride_s, _1{}, make_tuple(int64_t(a.q_stride_b), int64_t(a.q_stride_h))};
@@ -103,7 +125,7 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
           typename Mainloop::Arguments{static_cast<const Element*>(a.q), dQ, static_cast<const Element*>(a.k), dK,
                                        static_cast<const Element*>(a.v), dV, a.scale, bsr},
           nullptr),
-      Epilogue::to_underlying_arguments(ps, typename Epilogue::Arguments{static_cast<Element*>(a.o), dO, a.lse, dLSE}),
+      epilogue_arguments<Traits>(ps, a, dO, dLSE),
       BsrTileScheduler::make(a.batch, a.heads, a.n_qblocks, Traits::kBlockM / Traits::kTileM, a.layout_heads,
                              reinterpret_cast<const int4*>(a.row_sched), Traits::kPersistent, a.sm_count, a.rank_major,
                              group)};

@@ -1,0 +1,122 @@
+"""Rows of mixed length (issue 29): a few global rows among short ones, split-KV against the unsplit kernels,
+same run, interleaved rounds; uniform short rows (random top-k, 8 blocks a row) as the yardstick.
+
+    python -m blackwell_sparsek.bench.split_kv [--rounds 3] [--json PATH]   # on the GPU
+    python -m blackwell_sparsek.bench.split_kv --configs                      # the configs it runs, as JSON lines
+
+Case: (1, 16, 32768, D) with 2 global rows and columns, a 3-block band and 3 random blocks per row (all FULL,
+128x128 blocks: the global rows list all 256 blocks, the others ~8). Effective TFLOPS = 4·D·128·128 per listed
+block, do_bench medians after warm-up. Every output is checked against the unsplit kernel's first, and the split
+output for bitwise equality across two calls; the combine alone is timed too.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+
+SHAPES = [((1, 16, 32768, 128), "bf16"), ((1, 16, 32768, 64), "fp16")]
+
+
+def global_layout(s: int, device: str = "cuda"):
+    from .schedules import _bigbird
+    return _bigbird(s, 4, n_global=2, band=1, n_random=3).to(device)
+
+
+def _configs(d, dtype, lay):
+    from ..families.attn_fwd import Schedule
+    from ..ops import default_config
+    out = {"default": default_config(d, dtype, lay)}
+    for sched in (Schedule.COOPERATIVE, Schedule.PINGPONG):
+        sp = default_config(d, dtype, lay, schedule=sched)
+        out[f"split-{sched.value}"] = sp
+        out[f"plain-{sched.value}"] = dataclasses.replace(sp, split_kv=False)
+    return out
+
+
+def run(rounds: int, warmup_ms: float, rep_ms: float) -> list[dict]:
+    import torch
+    from .. import ops
+    from ..ops import attention_split as asplit
+    from ..layout import BlockSparseLayout as L
+    from ..reference import relative_error
+    from .timing import bench
+    rows = []
+    for (b, h, s, d), dt in SHAPES:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        gen = torch.Generator(device="cuda").manual_seed(s + d)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+        lay = global_layout(s)
+        uni = L.random_topk(s, 8, seed=1, num_heads=h, device="cuda")
+        cfgs = _configs(d, dtype, lay)
+        fns = {name: (lambda c=c: ops.sparse_attention(q, k, v, lay, config=c)) for name, c in cfgs.items()}
+        fns["uniform8 (default)"] = lambda: ops.sparse_attention(q, k, v, uni)
+        flops = {name: 4.0 * b * d * 128 * 128 * lay.nnz * (h // lay.num_heads) for name in cfgs}
+        flops["uniform8 (default)"] = 4.0 * b * d * 128 * 128 * uni.nnz * (h // uni.num_heads)
+        ref = fns["plain-cooperative"]()
+        errs = {name: relative_error(fn(), ref.float()) for name, fn in fns.items() if name in cfgs}
+        a, b_ = fns["default"](), fns["default"]()
+        deterministic = bool(torch.equal(a, b_))
+        times = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms)
+        # the combine alone, on a workspace of the default config's size
+        S, K = lay.split_plan()
+        ws_o = torch.randn(b, h, S * K, 128, d, device="cuda")
+        ws_lse = torch.randn(b, h, S * K, 128, device="cuda")
+        o = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda")
+        t_comb = bench(lambda: asplit.combine(o, lse, ws_o, ws_lse, lay.split_schedule(), S, K, 128),
+                       warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms
+        for name in fns:
+            ms = statistics.median(times[name])
+            row = {"case": f"global2 B{b} H{h} S{s // 1024}K D{d} {dt}", "kernel": name,
+                   "config": cfgs[name].kernel_name if name in cfgs else "default", "ms": ms,
+                   "tflops": flops[name] / (ms * 1e-3) / 1e12, "rel_err_vs_plain_coop": errs.get(name),
+                   "split_plan": list(lay.split_plan()), "row_stats": list(lay.row_stats()),
+                   "deterministic_default": deterministic, "combine_ms": t_comb}
+            rows.append(row)
+            print(f"  {row['case']:<32} {name:<22} {row['tflops']:6.1f} TFLOPS  {ms:.3f} ms", file=sys.stderr,
+                  flush=True)
+    return rows
+
+
+def table(rows, gpu: str) -> str:
+    out = [f"GPU: {gpu}", "| case | kernel | ms | eff. TFLOPS | err vs unsplit | combine ms |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        err = "" if r["rel_err_vs_plain_coop"] is None else f"{r['rel_err_vs_plain_coop']:.1e}"
+        out.append(f"| {r['case']} | {r['kernel']} | {r['ms']:.3f} | {r['tflops']:.0f} | {err} | "
+                   f"{r['combine_ms']:.3f} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m blackwell_sparsek.bench.split_kv", description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json")
+    ap.add_argument("--configs", action="store_true", help="print the configs as JSON lines and exit")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    import torch
+    if a.configs:
+        for (b, h, s, d), dt in SHAPES:
+            for c in _configs(d, {"bf16": torch.bfloat16, "fp16": torch.float16}[dt], global_layout(s, "cpu")).values():
+                print(c.to_json())
+        return 0
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = run(a.rounds, 100 if a.quick else 300, 50 if a.quick else 200)
+    gpu = torch.cuda.get_device_name()
+    print(table(rows, gpu))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"gpu": gpu, "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

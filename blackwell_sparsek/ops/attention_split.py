@@ -1,0 +1,157 @@
+"""Split-KV forward (layouts whose row lengths are skewed, layout/split.py): the ``blackwell_sparsek::attn_fwd_split``
+custom op, its fixed-order combine and its autograd (the backward of ``attn_fwd``: it reads the same O and LSE).
+
+The kernel (a ``split_kv`` config) runs the layout's ``split_schedule()``: the first ``S * K`` entries of every head
+are ``K`` pieces of each of its ``S`` longest rows, each writing its O (fp32, normalized by its own sum) and LSE to a
+workspace ``[B, H, S, K, block_m, D]`` / ``[B, H, S, K, block_m]``; the other rows write O and LSE as usual. The
+combine then merges every split row's pieces: ``LSE = m + log(sum_i exp(LSE_i - m))`` with ``m = max_i LSE_i``,
+``O = sum_i exp(LSE_i - LSE) O_i``, in fp32, reduced over the piece axis in a fixed order (no atomics: bitwise
+deterministic), and scatters the rows into O and LSE. A row whose pieces see no key gives O = 0, LSE = -inf; a NaN
+piece makes the row NaN.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _trusted
+from ..errors import InputError, InvalidConfigError
+from ..families.attn_fwd import launch_args
+from . import attention as _fwd
+from . import attention_bwd as _bwd
+from . import dispatch
+
+
+def check_split_args(row_sched: torch.Tensor, split_sched: torch.Tensor, split, cfg) -> tuple[int, int]:
+    """Host-side checks of the split arguments (no device work): a split_kv config, split = [S, K] and a split
+    schedule of shape [Hl, nq - S + S * K, 4] beside the row schedule. Returns (S, K)."""
+    if not cfg.split_kv:
+        raise InvalidConfigError(f"config {cfg.kernel_name} has split_kv=False; attn_fwd_split needs a split_kv "
+                                 "config (sparse_attention picks one for a layout with a split_plan())")
+    if (not isinstance(split, (list, tuple)) or len(split) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in split)):
+        raise InputError(f"split must be [S, K] (layout.split_plan()), got {split!r}")
+    s, k = split
+    hl, nq = row_sched.shape[0], row_sched.shape[1]
+    if not (1 <= s <= nq and 1 <= k <= (1 << 20)):
+        raise InputError(f"split [S={s}, K={k}] must have 1 <= S <= nq={nq} and 1 <= K <= 2^20")
+    want = (hl, nq - s + s * k, 4)
+    if (not isinstance(split_sched, torch.Tensor) or split_sched.dtype != torch.int32
+            or tuple(split_sched.shape) != want or split_sched.device != row_sched.device
+            or not split_sched.is_contiguous() or split_sched.data_ptr() % 16):
+        got = (tuple(split_sched.shape), split_sched.dtype, split_sched.device) if isinstance(
+            split_sched, torch.Tensor) else type(split_sched).__name__
+        raise InputError(f"split_sched must be the layout's split_schedule(): int32 {list(want)} on "
+                         f"{row_sched.device}, contiguous and 16-byte aligned, got {got}")
+    return s, k
+
+
+def check_split_values(row_sched: torch.Tensor, split_sched: torch.Tensor, s: int, k: int) -> None:
+    """The split schedule's values against the (checked) row schedule, one host sync: each row once (S split rows
+    of K pieces, the rest whole), and each split row's pieces cover its blocks in order."""
+    hl, nq = row_sched.shape[:2]
+    pieces = split_sched[:, :s * k].long().view(hl, s, k, 4)
+    rest = split_sched[:, s * k:].long()
+    rows = torch.cat([pieces[:, :, 0, 0], rest[..., 0]], dim=1)
+    by_row = torch.zeros(hl, nq, 4, dtype=torch.long, device=row_sched.device)
+    by_row.scatter_(1, row_sched[..., :1].long().clamp(0, nq - 1).expand(hl, nq, 4), row_sched.long())
+    safe = rows.clamp(0, nq - 1)
+    whole = torch.gather(by_row, 1, safe[:, s:].unsqueeze(2).expand(hl, nq - s, 4))
+    split_of = torch.gather(by_row, 1, safe[:, :s].unsqueeze(2).expand(hl, s, 4))
+    bad = torch.stack([
+        (torch.sort(rows, dim=1).values != torch.arange(nq, device=rows.device)).any(),
+        (pieces[..., 0] != pieces[:, :, :1, 0]).any(),
+        (rest != whole).any(),
+        (pieces[:, :, 0, 1] != split_of[..., 1]).any() | (pieces[:, :, -1, 2] != split_of[..., 2]).any()
+        | (pieces[:, :, 1:, 1] != pieces[:, :, :-1, 2]).any() | (pieces[..., 1] > pieces[..., 2]).any(),
+    ]).tolist()
+    if any(bad):
+        raise InputError("split_sched is not a split of row_sched (each row once, pieces covering a row's blocks in "
+                         "order): pass one layout's row_schedule() and split_schedule()")
+
+
+def combine(o, lse, ws_o, ws_lse, split_sched, s: int, k: int, block_m: int) -> None:
+    """Merge the pieces of the split rows (module docstring) into o and lse, in place, on their stream. Few ops
+    (each a launch): the combine's cost is mostly the host's."""
+    B, H, Sq, D = o.shape
+    hl = split_sched.shape[0]
+    lw = ws_lse.view(B, H, s, k, block_m)
+    top = lw.amax(dim=3, keepdim=True).clamp_(min=-3.0e38)  # no key in any piece: finite, so the weights are 0
+    w = torch.exp(lw - top)
+    total = w.sum(dim=3)
+    row_lse = top.squeeze(3) + torch.log(total)
+    row_o = (ws_o.view(B, H, s, k, block_m, D) * w.unsqueeze(-1)).sum(dim=3)
+    row_o.div_(total.clamp(min=1e-30).unsqueeze(-1))  # total 0: row_o is 0 (empty or fully masked pieces)
+    rows = split_sched[:, 0:s * k:k, 0].long()  # [Hl, S]
+    nfull = Sq // block_m  # split rows are whole block rows (never the partial last one)
+    o_rows = o.narrow(2, 0, nfull * block_m).unflatten(2, (nfull, block_m))
+    lse_rows = lse.narrow(2, 0, nfull * block_m).unflatten(2, (nfull, block_m))
+    if hl == 1:
+        o_rows.index_copy_(2, rows[0], row_o.to(o.dtype))
+        lse_rows.index_copy_(2, rows[0], row_lse)
+    else:
+        heads = torch.arange(H, device=rows.device).unsqueeze(1)
+        o_rows[:, heads, rows] = row_o.to(o.dtype)
+        lse_rows[:, heads, rows] = row_lse
+
+
+def launch_split(q, k, v, col_idx, block_kind, split_sched, meta, split, scale, config_json):
+    """Allocate O, LSE and the workspace, launch the split kernel, combine. Arguments already checked."""
+    s, kk = split
+    cfg = dispatch.config_from_json(config_json)
+    kernel = _fwd._kernel_for(config_json)
+    B, H, Sq, D = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    ws_o = torch.empty((B, H, s * kk, cfg.block_m, D), dtype=torch.float32, device=q.device)
+    ws_lse = torch.empty((B, H, s * kk, cfg.block_m), dtype=torch.float32, device=q.device)
+    if _fwd._poison():
+        for t in (o, lse, ws_o, ws_lse):
+            t.fill_(float("nan"))
+    dev = q.device.index
+    dispatch.check_device(config_json, dev)
+    args = kernel.Args(**launch_args(q, k, v, o, lse, col_idx, block_kind, split_sched, meta, scale,
+                                     dispatch.sm_count(dev), ws_o, ws_lse, s * kk))
+    if dev == torch.cuda.current_device():
+        kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
+    else:
+        with torch.cuda.device(dev):
+            kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
+    combine(o, lse, ws_o, ws_lse, split_sched, s, kk, cfg.block_m)  # torch ops: on the tensors' device, current stream
+    return o, lse
+
+
+@torch.library.custom_op("blackwell_sparsek::attn_fwd_split", mutates_args=())
+def attn_fwd_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col_idx: torch.Tensor,
+                   block_kind: torch.Tensor, row_sched: torch.Tensor, split_sched: torch.Tensor, meta: list[int],
+                   split: list[int], scale: float, config_json: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """blackwell_sparsek::attn_fwd with the layout's rows split (split-KV): the same arguments and outputs, plus the
+    layout's ``split_schedule()`` and ``split = list(layout.split_plan())``; the config must have split_kv=True.
+    ``row_sched`` (the layout's ``row_schedule()``) is what the backward reads. Checks as attn_fwd's, and the
+    split schedule's values against row_sched (one sync) unless the layout made it."""
+    cfg = _fwd._check_op_call(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json)
+    s, kk = check_split_args(row_sched, split_sched, split, cfg)
+    if not _trusted.is_marked(split_sched) and not (q.is_cuda and _fwd._capturing(q.device)):
+        check_split_values(row_sched, split_sched, s, kk)
+        _trusted.mark(split_sched)
+    if not q.is_cuda:
+        raise InputError(f"blackwell_sparsek::attn_fwd_split runs on CUDA tensors, q is on {q.device}; "
+                         f"blackwell_sparsek.sparse_attention falls back to the reference off the GPU")
+    return launch_split(q, k, v, col_idx, block_kind, split_sched, meta, [s, kk], scale, config_json)
+
+
+@attn_fwd_split.register_fake
+def _attn_fwd_split_fake(q, k, v, col_idx, block_kind, row_sched, split_sched, meta, split, scale, config_json):
+    return _fwd._fake_outputs(q, k)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, col_idx, block_kind, row_sched, _split, meta, _parts, scale, config_json = inputs
+    _bwd._setup_context(ctx, (q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json), output)
+
+
+def _backward(ctx, grad_o, grad_lse):
+    dq, dk, dv = _bwd._backward(ctx, grad_o, grad_lse)[:3]
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("blackwell_sparsek::attn_fwd_split", _backward, setup_context=_setup_context)

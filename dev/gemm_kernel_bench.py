@@ -99,6 +99,10 @@ def main() -> int:
                         ms = bench(lambda: g.dsd(vals, lay, b, out, config=vc))
                         record(f"  dsd N={N} t{tn} s{st}", "dsd", dtype, S, N, S, dens, ms, vc.name_facts(), err,
                                peer, dense_ms)
+                    for strip in (1, 2, 4, 8, 32):
+                        ms = bench(lambda: g.dsd(vals, lay, b, out, strip=strip))
+                        record(f"  dsd N={N} strip {strip}", "dsd", dtype, S, N, S, dens, ms, cfg.name_facts(), err,
+                               peer, dense_ms)
             del b, out, pb
         # SDD over an 8192^2 output, 25 % of its 128x128 blocks, K = 8192
         if dtype == torch.float16 or not args.quick:

@@ -75,7 +75,7 @@ class BsrGemmConfig(KernelConfig):
         ("a", "const void*"), ("b", "const void*"), ("out", "void*"), ("bias", "const float*"),
         ("sched", "const int*"), ("blk_b", "const int*"), ("blk_a", "const int*"),
         ("m", "int"), ("n", "int"), ("k", "int"), ("nnz", "int"), ("n_items", "int"),
-        ("alpha", "float"), ("beta", "float"), ("sm_count", "int"),
+        ("alpha", "float"), ("beta", "float"), ("sm_count", "int"), ("strip", "int"),
     )
 
     def __post_init__(self) -> None:
@@ -150,15 +150,16 @@ def max_stages(op: Op, dtype: DType, block_m: int, block_n: int, tile_n: int, ar
 
 
 def launch_args(*, a, b, out, bias, sched, blk_b, blk_a, m: int, n: int, k: int, nnz: int, alpha: float,
-                beta: float, sm_count: int) -> dict[str, Any]:
+                beta: float, sm_count: int, strip: int = 0) -> dict[str, Any]:
     """Every field of the launcher's argument struct, by ABI name. ``m``: output rows (DSD: M, DSD_T: K, SDD: M);
     ``k``: the reduction length (DSD: K, DSD_T: M, SDD: K); ``sched``: int32 [n_items, 4] work entries (the
     layout's row schedule, the transpose's, or the SDD block list); ``blk_b``/``blk_a``: int32 per listed block
-    (B's block row; DSD_T: the value index), None where the op reads none."""
+    (B's block row; DSD_T: the value index), None where the op reads none; ``strip``: N tiles per strip of the
+    work order (0: the launcher's choice, B's strip in half of L2)."""
     return dict(
         a=a.data_ptr(), b=b.data_ptr(), out=out.data_ptr(), bias=None if bias is None else bias.data_ptr(),
         sched=sched.data_ptr(), blk_b=None if blk_b is None else blk_b.data_ptr(),
         blk_a=None if blk_a is None else blk_a.data_ptr(),
         m=int(m), n=int(n), k=int(k), nnz=int(nnz), n_items=int(sched.shape[0]),
-        alpha=float(alpha), beta=float(beta), sm_count=int(sm_count),
+        alpha=float(alpha), beta=float(beta), sm_count=int(sm_count), strip=int(strip),
     )

@@ -15,6 +15,8 @@ part of an edge block past M or N is written with 0.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from ..families.bsr_gemm import ALIGN_ELEMS, BLOCKS, BsrGemmConfig, Op, OutDType, max_stages, launch_args
@@ -58,6 +60,7 @@ def problems(*, op: str = "dsd", dtype=None, out_dtype=None, block_m: int = 128,
     return p
 
 
+@lru_cache(maxsize=256)
 def config_for(op: Op, dtype: torch.dtype, out_dtype: torch.dtype, block_m: int, block_n: int, n: int,
                n_items: int, sm_count: int) -> BsrGemmConfig:
     """The kernel for a call: the widest N tile (256) unless that leaves SMs idle, and the deepest ring that fits."""
@@ -78,17 +81,27 @@ def _sm_count(device: torch.device) -> int:
     return sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+# Loaded kernels by config. kernels.build() recomputes its process key (the config's JSON and the BSK_* environment,
+# ~80 us) on every call, as much as a whole small GEMM; this memo is dropped whenever kernels.clear_loaded() runs.
+_KERNELS: dict[BsrGemmConfig, object] = {}
+
+
 def _launch(cfg: BsrGemmConfig, device: torch.device, **fields) -> None:
     from ..jit import kernels
-    kernel = kernels.build(cfg)
+    kernel = _KERNELS.get(cfg) if kernels._loaded else None
+    if kernel is None:
+        if not kernels._loaded:
+            _KERNELS.clear()
+        kernel = _KERNELS[cfg] = kernels.build(cfg)
     kernel.launch(torch.cuda.current_stream(device).cuda_stream, **fields)
 
 
 def dsd(values: torch.Tensor, layout, b: torch.Tensor, out: torch.Tensor, *, transpose: bool = False,
-        alpha: float = 1.0, beta: float = 0.0, bias: torch.Tensor | None = None, config: BsrGemmConfig | None = None
-        ) -> None:
+        alpha: float = 1.0, beta: float = 0.0, bias: torch.Tensor | None = None, config: BsrGemmConfig | None = None,
+        strip: int = 0) -> None:
     """out = alpha * op(A)·b + beta * out + bias, op(A) = A (transpose=False; b [K, N], out [M, N]) or Aᵀ
-    (b [M, N], out [K, N]); A [M, K] = (layout, values). ``config`` overrides the kernel choice (tuning)."""
+    (b [M, N], out [K, N]); A [M, K] = (layout, values). ``config`` overrides the kernel choice and ``strip`` the
+    N tiles per strip of the work order (0: the launcher's choice); both for tuning."""
     from ..layout.matrix import transposed_value_index
     bm, bk = layout.block_m, layout.block_n
     assert values.is_contiguous() and b.is_contiguous() and out.is_contiguous()
@@ -108,7 +121,8 @@ def dsd(values: torch.Tensor, layout, b: torch.Tensor, out: torch.Tensor, *, tra
         bias = bias.to(torch.float32).contiguous()
     cfg = config or config_for(op, values.dtype, out.dtype, bm, bk, n, sched.shape[0], sms)
     _launch(cfg, dev, **launch_args(a=values, b=b, out=out, bias=bias, sched=sched, blk_b=blk_b, blk_a=blk_a,
-                                    m=m, n=n, k=k, nnz=layout.nnz, alpha=alpha, beta=beta, sm_count=sms))
+                                    m=m, n=n, k=k, nnz=layout.nnz, alpha=alpha, beta=beta, sm_count=sms,
+                                    strip=strip))
 
 
 def sdd(a: torch.Tensor, b: torch.Tensor, layout, out_values: torch.Tensor, *, alpha: float = 1.0,

@@ -27,7 +27,7 @@ int gemm_launch(Args const& a, cudaStream_t stream) {
   constexpr int BlockK = Kernel::BlockK;
   constexpr bool kSdd = Op == kOpSdd;
 
-  if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.nnz < 0 || a.n_items < 0) return kErrBadShape;
+  if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.nnz < 0 || a.n_items < 0 || a.strip < 0) return kErrBadShape;
   // TMA: b's (and SDD a's) rows must be 16-byte multiples; the epilogue stores column pairs below n.
   if (a.n % 8 != 0 || (kSdd && a.k % 8 != 0)) return kErrStrideRange;
   if (!tma_stride_ok(a.n, sizeof(Element)) || (kSdd && !tma_stride_ok(a.k, sizeof(Element)))) return kErrStrideRange;
@@ -59,7 +59,8 @@ int gemm_launch(Args const& a, cudaStream_t stream) {
   w.n_items = a.n_items;
   w.n_tiles = n_tiles;
   long long strip_bytes = (long long)a.k * TileN * (long long)sizeof(Element);  // B's columns of one N tile
-  w.strip = int(std::max(1LL, std::min<long long>(n_tiles, (l2 / 2) / std::max(1LL, strip_bytes))));
+  long long strip = a.strip > 0 ? a.strip : (l2 / 2) / std::max(1LL, strip_bytes);
+  w.strip = int(std::max(1LL, std::min<long long>(n_tiles, strip)));
   w.n = a.n;
   w.b_k = a.k;
   if constexpr (kSdd) {

@@ -1,6 +1,6 @@
 """Raw timing of the BSR GEMM kernels (ops/_gemm_cuda.py) against cuBLAS through torch.mm in the same run.
 
-    python dev/gemm_kernel_bench.py [--json PATH] [--txt PATH] [--quick]
+    python dev/gemm_kernel_bench.py [--json PATH] [--txt PATH] [--quick] [--variants] [--schedules]
 
 Cases (fp16 unless named): M = N = K = 8192, 128x128 blocks, 16 listed per block row (25 %):
   DSD, DSD_T (C = Aᵀ·B), SDD (25 % of the 128x128 output blocks), DSD at N = 1024, and bf16 DSD.
@@ -38,6 +38,23 @@ def dense_of(lay, values) -> torch.Tensor:
     return full.reshape(lay.n_qblocks * bm, lay.n_kblocks * bk)[:lay.seq_q, :lay.seq_k]
 
 
+def schedule_variants(cfg: BsrGemmConfig) -> list[BsrGemmConfig]:
+    """The default config again, then with CTA pairs / quads and the TMA-store epilogue (deepest ring that fits)."""
+    import dataclasses
+    from blackwell_sparsek.families.bsr_gemm import Epilogue, max_stages
+    out = [cfg]
+    combos = [(2, "direct"), (1, "tma"), (2, "tma")] + ([(4, "direct"), (4, "tma")] if cfg.op.value != "sdd" else [])
+    for cl, epi in combos:
+        st = max_stages(cfg.op, cfg.dtype, cfg.block_m, cfg.block_n, cfg.tile_n, epilogue=Epilogue(epi),
+                        out_dtype=cfg.out_dtype)
+        out.append(dataclasses.replace(cfg, cluster=cl, epilogue=Epilogue(epi), stages=st).validate())
+    return out
+
+
+def sched_tag(cfg: BsrGemmConfig) -> str:
+    return f"c{cfg.cluster} {cfg.epilogue.value} s{cfg.stages}"
+
+
 def rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
@@ -48,6 +65,9 @@ def main() -> int:
     ap.add_argument("--txt")
     ap.add_argument("--quick", action="store_true", help="the fp16 headline cases only")
     ap.add_argument("--variants", action="store_true", help="also time N-tile / stage variants of DSD")
+    ap.add_argument("--schedules", action="store_true",
+                    help="also time every case with CTA clusters (A multicast) and the TMA-store epilogue, and the "
+                         "default once more (the spread between two timings of one kernel)")
     args = ap.parse_args()
     name = torch.cuda.get_device_name()
     print(f"GPU: {name}", flush=True)
@@ -93,11 +113,23 @@ def main() -> int:
                 ms = bench(lambda: g.dsd(vals, lay, b, out, transpose=transpose))
                 record(f"{'dsd_t' if transpose else 'dsd'} N={N} {str(dtype)[6:]}", "dsd_t" if transpose else "dsd",
                        dtype, S, N, S, dens, ms, cfg.name_facts(), err, peer, dense_ms)
+                if args.schedules:
+                    for vc in schedule_variants(cfg):
+                        out.fill_(float("nan"))
+                        g.dsd(vals, lay, b, out, transpose=transpose, config=vc)
+                        verr = rel(out, ref)
+                        ms = bench(lambda: g.dsd(vals, lay, b, out, transpose=transpose, config=vc))
+                        record(f"  {cfg.op.value} N={N} {sched_tag(vc)}", cfg.op.value, dtype, S, N, S, dens, ms,
+                               vc.name_facts(), verr, peer, dense_ms)
                 if args.variants and not transpose:
                     for tn, st in ((128, 7), (256, 3), (256, 4), (128, 5)):
                         vc = BsrGemmConfig(op="dsd", dtype=cfg.dtype, out_dtype=cfg.out_dtype, tile_n=tn, stages=st)
                         ms = bench(lambda: g.dsd(vals, lay, b, out, config=vc))
                         record(f"  dsd N={N} t{tn} s{st}", "dsd", dtype, S, N, S, dens, ms, vc.name_facts(), err,
+                               peer, dense_ms)
+                    for strip in (1, 2, 4, 8, 32):
+                        ms = bench(lambda: g.dsd(vals, lay, b, out, strip=strip))
+                        record(f"  dsd N={N} strip {strip}", "dsd", dtype, S, N, S, dens, ms, cfg.name_facts(), err,
                                peer, dense_ms)
             del b, out, pb
         # SDD over an 8192^2 output, 25 % of its 128x128 blocks, K = 8192
@@ -116,6 +148,17 @@ def main() -> int:
             peer = bench(lambda: torch.mm(a, pb))
             cfg = g.config_for(g.Op.SDD, dtype, dtype, 128, 128, S, lay.nnz, 132)
             record(f"sdd {str(dtype)[6:]}", "sdd", dtype, S, S, S, dens, ms, cfg.name_facts(), err, peer, dense_ms)
+            if args.schedules:
+                ref = torch.mm(a, b).reshape(64, 128, 64, 128)[block_rows(lay)[0, :lay.nnz], :,
+                                                                 lay.col_idx[0, :lay.nnz].long()]
+                for vc in schedule_variants(cfg):
+                    outv.fill_(float("nan"))
+                    g.sdd(a, b, lay, outv, config=vc)
+                    verr = rel(outv, ref)
+                    ms = bench(lambda: g.sdd(a, b, lay, outv, config=vc))
+                    record(f"  sdd {sched_tag(vc)}", "sdd", dtype, S, S, S, dens, ms, vc.name_facts(), verr, peer,
+                           dense_ms)
+                del ref
             del a, b, outv
     if args.json:
         with open(args.json, "w") as f:

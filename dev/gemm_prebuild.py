@@ -6,7 +6,8 @@ import sys
 import torch
 
 from blackwell_sparsek import cli
-from blackwell_sparsek.families.bsr_gemm import BsrGemmConfig, Op
+from blackwell_sparsek.families.bsr_gemm import BsrGemmConfig, Epilogue, Op, OutDType, max_stages
+from blackwell_sparsek.jit.spec import DType
 from blackwell_sparsek.jit.spec import load_named_configs
 from blackwell_sparsek.ops._gemm_cuda import config_for
 
@@ -35,6 +36,27 @@ for dt in (f16, b16):  # the bench
         cfgs.append(config_for(op, dt, dt, 128, 128, n, 64, SM))
 for tn, st in ((128, 7), (256, 3), (256, 4), (128, 5)):  # bench --variants
     cfgs.append(BsrGemmConfig(op="dsd", tile_n=tn, stages=st))
+# schedule variants: CTA clusters (A multicast) and the TMA-store epilogue (tests/test_bsr_gemm_kernels_gpu.py
+# _variant, dev/gemm_kernel_bench.py --schedules)
+_SD = {f16: DType.FP16, b16: DType.BF16}
+_SO = {f16: OutDType.FP16, b16: OutDType.BF16, f32: OutDType.FP32}
+
+
+def variant(op, cl, epi, dt=f16, ot=f16, bm=128, bn=128, tn=None):
+    tn = bn if op == "sdd" else (tn or 256)
+    st = max_stages(Op(op), _SD[dt], bm, bn, tn, epilogue=Epilogue(epi), out_dtype=_SO[ot])
+    return BsrGemmConfig(op=op, dtype=_SD[dt], out_dtype=_SO[ot], block_m=bm, block_n=bn, tile_n=tn, stages=st,
+                         cluster=cl, epilogue=epi)
+
+
+for cl, epi in ((2, "direct"), (1, "tma"), (2, "tma"), (4, "direct")):
+    for op in ("dsd", "dsd_t"):
+        cfgs += [variant(op, cl, epi), variant(op, cl, epi, ot=f32)]
+    cfgs.append(variant("dsd", cl, epi, b16, b16, 64, 64, 64))
+    if cl <= 2:
+        cfgs += [variant("sdd", cl, epi), variant("sdd", cl, epi, bm=64, bn=64)]
+for op in ("dsd", "dsd_t"):  # the bench's quads with the TMA epilogue
+    cfgs.append(variant(op, 4, "tma"))
 names = list(dict.fromkeys(c.to_json() for c in cfgs))
 if "--list" in sys.argv:
     for n in names:

@@ -34,6 +34,10 @@ def test_config_round_trip_and_enum_spellings():
     assert c.tile_m == 128  # a DSD_T tile row is a block column of A
     assert KernelConfig.from_json(c.to_json()) == c
     assert "dsd_t_bf16_ofp32_b64x128_t128x128_s5" in c.kernel_name
+    assert "_s5_c" not in c.kernel_name  # single-CTA kernels keep the names they always had
+    c2 = BsrGemmConfig(cluster=2)
+    assert "t128x256_s4_c2_" in c2.kernel_name and KernelConfig.from_json(c2.to_json()) == c2
+    assert c2.kernel_name != BsrGemmConfig().kernel_name
 
 
 @pytest.mark.parametrize("fields,needle", [
@@ -44,6 +48,9 @@ def test_config_round_trip_and_enum_spellings():
     (dict(stages=1), "stages 1"),
     (dict(stages=8), "shared memory"),
     (dict(arch="sm100a"), "no code generator"),
+    (dict(cluster=3), "cluster 3"),
+    (dict(epilogue="tma", stages=4), "shared memory"),
+    (dict(op="sdd", tile_n=128, stages=7, cluster=4), "SDD runs single CTAs or pairs"),
 ])
 def test_bad_configs_name_the_fix(fields, needle):
     cfg = BsrGemmConfig(**fields)
@@ -75,7 +82,8 @@ def test_render_carries_the_choices():
                                        tile_n=128, stages=5))
     assert "bsk::kOpDsdT" in src and "cutlass::bfloat16_t, /*ElementOut=*/float" in src
     assert "/*TileM=*/128" in src and "/*Stages=*/5" in src
-    assert '#include "bsk/bsr_gemm.hpp"' in src
+    assert '#include "bsk/bsr_gemm.hpp"' in src and "/*Cluster=*/1, /*TmaEpi=*/false>" in src
+    assert "/*Cluster=*/4, /*TmaEpi=*/true>" in codegen.render(BsrGemmConfig(cluster=4, epilogue="tma", stages=3))
 
 
 def test_config_for_picks_tile_and_stages():
@@ -85,6 +93,21 @@ def test_config_for_picks_tile_and_stages():
     assert small.tile_n == 64 and small.out_dtype is OutDType.FP32  # 8 rows: narrower tiles fill more SMs
     sdd = g.config_for(Op.SDD, torch.bfloat16, torch.bfloat16, 64, 128, 4096, 1000, 132)
     assert sdd.tile_n == 128 and sdd.tile_m == 64
+
+
+def test_config_for_pairs_only_where_measured(monkeypatch):
+    args = (torch.float16, torch.float16, 128, 128, 8192, 64, 132)
+    monkeypatch.setattr(g, "PAIR_FASTER", frozenset())
+    g.config_for.cache_clear()
+    assert g.config_for(Op.DSD, *args).cluster == 1 and g.config_for(Op.SDD, *args[:-2], 1024, 132).cluster == 1
+    monkeypatch.setattr(g, "PAIR_FASTER", frozenset(Op))
+    g.config_for.cache_clear()
+    try:
+        assert g.config_for(Op.DSD, *args).cluster == 2 and g.config_for(Op.SDD, *args[:-2], 1024, 132).cluster == 2
+        # an odd number of N tiles per row (N = 768 at tile 256) stays single
+        assert g.config_for(Op.DSD, torch.float16, torch.float16, 128, 128, 768, 64, 132).cluster == 1
+    finally:
+        g.config_for.cache_clear()
 
 
 def test_problems_helper():
@@ -133,6 +156,27 @@ def test_sdd_schedule_lists_every_block_once():
     v = s[:, 2].long()
     assert torch.equal(s[:, 0].long(), block_rows(lay)[0, v]) and torch.equal(s[:, 1], lay.col_idx[0, v])
     assert sdd_schedule(lay, 132) is s
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_sdd_pair_schedule(seed):
+    """Pairs of one block row; every block once; odd rows' partner slots and the padding never store."""
+    lay = _mask_layout(seed, 2000, 3000, 64, 128, 0.4)
+    s = sdd_schedule(lay, 132, pairs=True)
+    nnz, nq = lay.nnz, lay.n_qblocks
+    assert s.shape == (2 * ((nnz + nq) // 2), 4) and s.dtype == torch.int32 and s.is_contiguous()
+    p = s.view(-1, 2, 4)
+    assert torch.equal(p[:, 0, 0], p[:, 1, 0])  # one block row per pair
+    stored = s[s[:, 2] >= 0]
+    assert sorted(stored[:, 2].tolist()) == list(range(nnz))
+    v = stored[:, 2].long()
+    assert torch.equal(stored[:, 0].long(), block_rows(lay)[0, v]) and torch.equal(stored[:, 1], lay.col_idx[0, v])
+    skip = p[:, 0, 3] == 1
+    assert torch.equal(skip, p[:, 1, 3] == 1) and (p[skip][..., 2] == -1).all()
+    assert not skip[:skip.float().argmax()].any() if skip.any() else True  # padding last
+    real_pairs = int(((lay.row_counts()[0] + 1) // 2).sum())
+    assert int((~skip).sum()) == real_pairs
+    assert sdd_schedule(lay, 132, pairs=True) is s
 
 
 @pytest.mark.real_compile

@@ -163,3 +163,77 @@ def test_sdd(case, dtype, out_dtype):
     ref = pad.reshape(nq, bm, nk, bn)[rows, :, cols, :]  # [nnz, bm, bn], padding 0
     assert not out.isnan().any()
     assert _rel(out, ref) <= _TOL[dtype]
+
+
+# Schedule variants, each against float64: CTA clusters sharing the A tile (multicast) and the TMA-store epilogue.
+VARIANTS = [(2, "direct"), (1, "tma"), (2, "tma"), (4, "direct")]
+
+
+def _variant(op, cluster, epi, dtype=torch.float16, out_dtype=torch.float16, block=(128, 128), tile_n=None):
+    from blackwell_sparsek.families.bsr_gemm import Epilogue, OutDType, max_stages
+    from blackwell_sparsek.jit.spec import DType
+    dt = DType.FP16 if dtype == torch.float16 else DType.BF16
+    ot = {torch.float16: OutDType.FP16, torch.bfloat16: OutDType.BF16, torch.float32: OutDType.FP32}[out_dtype]
+    bm, bn = block
+    tn = bn if op == "sdd" else (tile_n or 256)
+    st = max_stages(g.Op(op), dt, bm, bn, tn, epilogue=Epilogue(epi), out_dtype=ot)
+    return BsrGemmConfig(op=op, dtype=dt, out_dtype=ot, block_m=bm, block_n=bn, tile_n=tn, stages=st,
+                         cluster=cluster, epilogue=epi).validate()
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("cluster,epi", VARIANTS)
+def test_dsd_schedule_variants(cluster, epi, transpose):
+    """Odd sizes, an odd number of N tiles (the last cluster's partner tiles lie past N), empty rows, alpha/beta/
+    bias, fp16 and fp32 out."""
+    m, k, n = 1000, 1100, 520  # 3 N tiles of 256 (odd: the 4th is a pair's partner past N)
+    lay = _layout(m, k, 128, 128, 0.3, empty_rows=2)
+    vals = _values(lay, torch.float16)
+    rows = k if transpose else m
+    b = torch.randn(m if transpose else k, n, device="cuda", generator=_gen()).half()
+    a = _dense(lay, vals)
+    ref0 = (a.T if transpose else a) @ b.double()
+    op = "dsd_t" if transpose else "dsd"
+    out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.float16)
+    g.dsd(vals, lay, b, out, transpose=transpose, config=_variant(op, cluster, epi))
+    assert not out.isnan().any()
+    assert _rel(out, ref0) <= 1e-2
+    c0 = torch.randn(rows, n, device="cuda", generator=_gen())
+    bias = torch.randn(n, device="cuda", generator=_gen())
+    out = c0.clone()
+    g.dsd(vals, lay, b, out, transpose=transpose, alpha=0.5, beta=-1.5, bias=bias,
+          config=_variant(op, cluster, epi, out_dtype=torch.float32))
+    assert _rel(out, 0.5 * ref0 - 1.5 * c0.double() + bias.double()) <= 1e-2
+
+
+@pytest.mark.parametrize("cluster,epi", VARIANTS)
+def test_dsd_variants_64_blocks(cluster, epi):
+    """64x64 blocks: the 64-row tile split by columns between the warpgroups (each 64 x tile_n / 2)."""
+    m, k, n = 515, 700, 136
+    lay = _layout(m, k, 64, 64, 0.4)
+    vals = _values(lay, torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", generator=_gen()).bfloat16()
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = _variant("dsd", cluster, epi, dtype=torch.bfloat16, out_dtype=torch.bfloat16, block=(64, 64), tile_n=64)
+    g.dsd(vals, lay, b, out, config=cfg)
+    assert not out.isnan().any()
+    assert _rel(out, _dense(lay, vals) @ b.double()) <= 2e-2
+
+
+@pytest.mark.parametrize("cluster,epi", [(2, "direct"), (1, "tma"), (2, "tma")])
+@pytest.mark.parametrize("case", [(1000, 1000, 264, 128, 128), (515, 136, 640, 64, 64)])
+def test_sdd_schedule_variants(case, cluster, epi):
+    """SDD pairs (two blocks of a row, odd rows with a partner slot, padding pairs) and the TMA-store epilogue."""
+    m, n, k, bm, bn = case
+    lay = _layout(m, n, bm, bn, 0.35)
+    a = torch.randn(m, k, device="cuda", generator=_gen()).half()
+    b = torch.randn(k, n, device="cuda", generator=_gen()).half()
+    out = torch.full((lay.nnz, bm, bn), float("nan"), device="cuda", dtype=torch.float16)
+    g.sdd(a, b, lay, out, alpha=1.5, config=_variant("sdd", cluster, epi, block=(bm, bn)))
+    full = 1.5 * (a.double() @ b.double())
+    nq, nk = lay.n_qblocks, lay.n_kblocks
+    pad = torch.zeros(nq * bm, nk * bn, device="cuda", dtype=torch.float64)
+    pad[:m, :n] = full
+    ref = pad.reshape(nq, bm, nk, bn)[g_block_rows(lay), :, lay.col_idx[0, :lay.nnz].long(), :]
+    assert not out.isnan().any()
+    assert _rel(out, ref) <= 1e-2

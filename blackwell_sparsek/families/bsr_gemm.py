@@ -45,8 +45,15 @@ class OutDType(enum.Enum):
         return {"FP16": "float16", "BF16": "bfloat16", "FP32": "float32"}[self.name]
 
 
+class Epilogue(enum.Enum):
+    """How the output tile leaves the MMA warpgroups."""
+    DIRECT = "direct"  # pair stores straight from the accumulators
+    TMA = "tma"        # through a shared-memory staging tile and an asynchronous TMA store
+
+
 BLOCKS = (64, 128)         # layout block sides the kernels are built for
 TILE_NS = (64, 128, 256)   # output tile widths (DSD, DSD_T)
+CLUSTERS = (1, 2, 4)       # CTAs per cluster (the A tile multicast across them; SDD: 1 or 2)
 TILE_K = 64                # k step: one 128-byte swizzle row of 16-bit elements
 # Alignment (the TMA rule): every row a descriptor walks must be a multiple of 16 bytes, so N (b's and out's
 # rows) and, for SDD, K (a's rows) must be multiples of 8 elements; M, and K of DSD/DSD_T, may be anything.
@@ -66,6 +73,10 @@ class BsrGemmConfig(KernelConfig):
     block_n: int = 128
     tile_n: int = 256
     stages: int = 4
+    # CTAs per cluster: 2 or 4 CTAs share their A tile by TMA multicast (DSD/DSD_T: adjacent N tiles of one output
+    # block row; SDD, pairs only: two listed blocks of one block row, from matrix.sdd_schedule(pairs=True)).
+    cluster: int = 1
+    epilogue: Epilogue = Epilogue.DIRECT
     arch: Arch = Arch.SM90A
 
     family: ClassVar[str] = "bsr_gemm"
@@ -75,12 +86,12 @@ class BsrGemmConfig(KernelConfig):
         ("a", "const void*"), ("b", "const void*"), ("out", "void*"), ("bias", "const float*"),
         ("sched", "const int*"), ("blk_b", "const int*"), ("blk_a", "const int*"),
         ("m", "int"), ("n", "int"), ("k", "int"), ("nnz", "int"), ("n_items", "int"),
-        ("alpha", "float"), ("beta", "float"), ("sm_count", "int"),
+        ("alpha", "float"), ("beta", "float"), ("sm_count", "int"), ("strip", "int"),
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("block_m", "block_n", "tile_n", "stages"):
+        for name in ("block_m", "block_n", "tile_n", "stages", "cluster"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidConfigError(f"{name} must be an int, got {v!r}")
@@ -91,12 +102,16 @@ class BsrGemmConfig(KernelConfig):
         return self.block_n if self.op is Op.DSD_T else self.block_m
 
     def name_facts(self) -> str:
+        # cluster 1 and the direct epilogue keep the names they always had
+        cluster = f"_c{self.cluster}" if self.cluster != 1 else ""
+        epi = "_etma" if self.epilogue is Epilogue.TMA else ""
         return (f"{self.op.value}_{self.dtype.value}_o{self.out_dtype.value}_b{self.block_m}x{self.block_n}"
-                f"_t{self.tile_m}x{self.tile_n}_s{self.stages}")
+                f"_t{self.tile_m}x{self.tile_n}_s{self.stages}{cluster}{epi}")
 
     def smem_bytes(self) -> int:
-        """The A and B rings plus barriers; mirrors GemmKernel::SharedStorage."""
-        return self.stages * (self.tile_m + self.tile_n) * TILE_K * self.dtype.itemsize + _SMEM_RESERVE
+        """The A and B rings, the epilogue's staging tile and barriers; mirrors GemmKernel::SharedStorage."""
+        return (self.stages * (self.tile_m + self.tile_n) * TILE_K * self.dtype.itemsize + _SMEM_RESERVE
+                + epilogue_bytes(self.epilogue, self.tile_m, self.tile_n, self.out_dtype))
 
     def problems(self) -> list[str]:
         p: list[str] = []
@@ -111,6 +126,10 @@ class BsrGemmConfig(KernelConfig):
                          f"set tile_n={self.block_n}")
         elif self.tile_n not in TILE_NS:
             p.append(f"tile_n {self.tile_n} is not supported; use one of {TILE_NS}")
+        if self.cluster not in CLUSTERS:
+            p.append(f"cluster {self.cluster} is not supported; use one of {CLUSTERS}")
+        elif self.op is Op.SDD and self.cluster > 2:
+            p.append(f"cluster {self.cluster}: SDD runs single CTAs or pairs (two blocks of a row); use 1 or 2")
         if not 2 <= self.stages <= 16:
             p.append(f"stages {self.stages} out of range; use 2..16")
         if not p and self.smem_bytes() > self.arch.facts.smem_optin:
@@ -124,7 +143,8 @@ class BsrGemmConfig(KernelConfig):
         bm, bn = near(self.block_m, BLOCKS), near(self.block_n, BLOCKS)
         tn = bn if self.op is Op.SDD else near(self.tile_n, TILE_NS)
         cand = dataclasses.replace(self, arch=Arch.SM90A, block_m=bm, block_n=bn, tile_n=tn,
-                                   stages=min(max(self.stages, 2), 16))
+                                   stages=min(max(self.stages, 2), 16),
+                                   cluster=near(self.cluster, CLUSTERS[:2] if self.op is Op.SDD else CLUSTERS))
         while cand.stages > 2 and cand.problems():
             cand = dataclasses.replace(cand, stages=cand.stages - 1)
         return None if cand.problems() else cand
@@ -139,26 +159,38 @@ class BsrGemmConfig(KernelConfig):
             "block_m": self.block_m,
             "block_n": self.block_n,
             "stages": self.stages,
+            "cluster": self.cluster,
+            "tma_epi": "true" if self.epilogue is Epilogue.TMA else "false",
         }
 
 
-def max_stages(op: Op, dtype: DType, block_m: int, block_n: int, tile_n: int, arch: Arch = Arch.SM90A) -> int:
+def epilogue_bytes(epilogue: Epilogue, tile_m: int, tile_n: int, out_dtype: OutDType) -> int:
+    """Shared memory of the epilogue's staging tiles (the whole output tile for TMA stores, else none)."""
+    if epilogue is Epilogue.DIRECT:
+        return 0
+    return tile_m * tile_n * (4 if out_dtype is OutDType.FP32 else 2)
+
+
+def max_stages(op: Op, dtype: DType, block_m: int, block_n: int, tile_n: int, arch: Arch = Arch.SM90A,
+               epilogue: Epilogue = Epilogue.DIRECT, out_dtype: OutDType = OutDType.FP16) -> int:
     """The most ring slots that fit a CTA's shared memory for this tile (capped at 8: deeper buys nothing)."""
     tile_m = block_n if op is Op.DSD_T else block_m
     per = (tile_m + tile_n) * TILE_K * dtype.itemsize
-    return max(2, min(8, (arch.facts.smem_optin - _SMEM_RESERVE) // per))
+    room = arch.facts.smem_optin - _SMEM_RESERVE - epilogue_bytes(epilogue, tile_m, tile_n, out_dtype)
+    return max(2, min(8, room // per))
 
 
 def launch_args(*, a, b, out, bias, sched, blk_b, blk_a, m: int, n: int, k: int, nnz: int, alpha: float,
-                beta: float, sm_count: int) -> dict[str, Any]:
+                beta: float, sm_count: int, strip: int = 0) -> dict[str, Any]:
     """Every field of the launcher's argument struct, by ABI name. ``m``: output rows (DSD: M, DSD_T: K, SDD: M);
     ``k``: the reduction length (DSD: K, DSD_T: M, SDD: K); ``sched``: int32 [n_items, 4] work entries (the
     layout's row schedule, the transpose's, or the SDD block list); ``blk_b``/``blk_a``: int32 per listed block
-    (B's block row; DSD_T: the value index), None where the op reads none."""
+    (B's block row; DSD_T: the value index), None where the op reads none; ``strip``: N tiles per strip of the
+    work order (0: the launcher's choice, B's strip in half of L2)."""
     return dict(
         a=a.data_ptr(), b=b.data_ptr(), out=out.data_ptr(), bias=None if bias is None else bias.data_ptr(),
         sched=sched.data_ptr(), blk_b=None if blk_b is None else blk_b.data_ptr(),
         blk_a=None if blk_a is None else blk_a.data_ptr(),
         m=int(m), n=int(n), k=int(k), nnz=int(nnz), n_items=int(sched.shape[0]),
-        alpha=float(alpha), beta=float(beta), sm_count=int(sm_count),
+        alpha=float(alpha), beta=float(beta), sm_count=int(sm_count), strip=int(strip),
     )

@@ -15,9 +15,11 @@ part of an edge block past M or N is written with 0.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
-from ..families.bsr_gemm import ALIGN_ELEMS, BLOCKS, BsrGemmConfig, Op, OutDType, max_stages, launch_args
+from ..families.bsr_gemm import ALIGN_ELEMS, BLOCKS, BsrGemmConfig, Epilogue, Op, OutDType, max_stages, launch_args
 from ..jit.spec import DType
 
 _IN = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
@@ -58,19 +60,34 @@ def problems(*, op: str = "dsd", dtype=None, out_dtype=None, block_m: int = 128,
     return p
 
 
+# Ops whose CTA-pair kernels (cluster 2: the A tile multicast across the pair) measured faster than the single-CTA
+# ones in the same run (dev/gemm_kernel_bench.py, bench/results/h100/bsr_gemm_kernels.txt); empty until measured.
+PAIR_FASTER: frozenset[Op] = frozenset()
+# Ops whose TMA-store epilogue measured faster than the direct one in the same run; empty until measured.
+TMA_EPI_FASTER: frozenset[Op] = frozenset()
+
+
+@lru_cache(maxsize=256)
 def config_for(op: Op, dtype: torch.dtype, out_dtype: torch.dtype, block_m: int, block_n: int, n: int,
                n_items: int, sm_count: int) -> BsrGemmConfig:
-    """The kernel for a call: the widest N tile (256) unless that leaves SMs idle, and the deepest ring that fits."""
+    """The kernel for a call: the widest N tile (256) unless that leaves SMs idle, the deepest ring that fits, and
+    CTA pairs where they measured faster (``PAIR_FASTER``) and the work fills the pairs, the TMA-store epilogue
+    where it measured faster (``TMA_EPI_FASTER``)."""
     dt, ot = _IN[dtype], _OUT[out_dtype]
     if op is Op.SDD:
         tile_n = block_n
+        cluster = 2 if op in PAIR_FASTER and n_items >= sm_count else 1
     else:
         tile_n = 256
         while tile_n > 64 and n_items * -(-n // tile_n) < sm_count:
             tile_n //= 2
-    stages = max_stages(op, dt, block_m, block_n, tile_n)
+        # a pair runs two adjacent N tiles: only where every row has an even number of them and pairs fill the GPU
+        n_tiles = -(-n // tile_n)
+        cluster = 2 if op in PAIR_FASTER and n_tiles % 2 == 0 and n_items * n_tiles >= sm_count else 1
+    epi = Epilogue.TMA if op in TMA_EPI_FASTER else Epilogue.DIRECT
+    stages = max_stages(op, dt, block_m, block_n, tile_n, epilogue=epi, out_dtype=ot)
     return BsrGemmConfig(op=op, dtype=dt, out_dtype=ot, block_m=block_m, block_n=block_n, tile_n=tile_n,
-                         stages=stages).validate()
+                         stages=stages, cluster=cluster, epilogue=epi).validate()
 
 
 def _sm_count(device: torch.device) -> int:
@@ -78,17 +95,27 @@ def _sm_count(device: torch.device) -> int:
     return sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+# Loaded kernels by config. kernels.build() recomputes its process key (the config's JSON and the BSK_* environment,
+# ~80 us) on every call, as much as a whole small GEMM; this memo is dropped whenever kernels.clear_loaded() runs.
+_KERNELS: dict[BsrGemmConfig, object] = {}
+
+
 def _launch(cfg: BsrGemmConfig, device: torch.device, **fields) -> None:
     from ..jit import kernels
-    kernel = kernels.build(cfg)
+    kernel = _KERNELS.get(cfg) if kernels._loaded else None
+    if kernel is None:
+        if not kernels._loaded:
+            _KERNELS.clear()
+        kernel = _KERNELS[cfg] = kernels.build(cfg)
     kernel.launch(torch.cuda.current_stream(device).cuda_stream, **fields)
 
 
 def dsd(values: torch.Tensor, layout, b: torch.Tensor, out: torch.Tensor, *, transpose: bool = False,
-        alpha: float = 1.0, beta: float = 0.0, bias: torch.Tensor | None = None, config: BsrGemmConfig | None = None
-        ) -> None:
+        alpha: float = 1.0, beta: float = 0.0, bias: torch.Tensor | None = None, config: BsrGemmConfig | None = None,
+        strip: int = 0) -> None:
     """out = alpha * op(A)·b + beta * out + bias, op(A) = A (transpose=False; b [K, N], out [M, N]) or Aᵀ
-    (b [M, N], out [K, N]); A [M, K] = (layout, values). ``config`` overrides the kernel choice (tuning)."""
+    (b [M, N], out [K, N]); A [M, K] = (layout, values). ``config`` overrides the kernel choice and ``strip`` the
+    N tiles per strip of the work order (0: the launcher's choice); both for tuning."""
     from ..layout.matrix import transposed_value_index
     bm, bk = layout.block_m, layout.block_n
     assert values.is_contiguous() and b.is_contiguous() and out.is_contiguous()
@@ -108,7 +135,8 @@ def dsd(values: torch.Tensor, layout, b: torch.Tensor, out: torch.Tensor, *, tra
         bias = bias.to(torch.float32).contiguous()
     cfg = config or config_for(op, values.dtype, out.dtype, bm, bk, n, sched.shape[0], sms)
     _launch(cfg, dev, **launch_args(a=values, b=b, out=out, bias=bias, sched=sched, blk_b=blk_b, blk_a=blk_a,
-                                    m=m, n=n, k=k, nnz=layout.nnz, alpha=alpha, beta=beta, sm_count=sms))
+                                    m=m, n=n, k=k, nnz=layout.nnz, alpha=alpha, beta=beta, sm_count=sms,
+                                    strip=strip))
 
 
 def sdd(a: torch.Tensor, b: torch.Tensor, layout, out_values: torch.Tensor, *, alpha: float = 1.0,
@@ -123,8 +151,8 @@ def sdd(a: torch.Tensor, b: torch.Tensor, layout, out_values: torch.Tensor, *, a
         return
     dev = a.device
     sms = _sm_count(dev)
-    sched = sdd_schedule(layout, sms)
     cfg = config or config_for(Op.SDD, a.dtype, out_values.dtype, layout.block_m, layout.block_n, n,
-                               sched.shape[0], sms)
+                               layout.nnz, sms)
+    sched = sdd_schedule(layout, sms, pairs=cfg.cluster > 1)
     _launch(cfg, dev, **launch_args(a=a, b=b, out=out_values, bias=None, sched=sched, blk_b=None, blk_a=None,
                                     m=m, n=n, k=k, nnz=layout.nnz, alpha=alpha, beta=0.0, sm_count=sms))

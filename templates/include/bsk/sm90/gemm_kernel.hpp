@@ -27,7 +27,8 @@ namespace bsk {
 
 using namespace cute;
 
-template <class Element_, class ElementOut_, int Op_, int TileM_, int TileN_, int BlockM_, int BlockN_, int Stages_>
+template <class Element_, class ElementOut_, int Op_, int TileM_, int TileN_, int BlockM_, int BlockN_, int Stages_,
+          int Cluster_ = 1, bool TmaEpi_ = false>
 struct GemmKernel {
   using Element = Element_;
   using ElementOut = ElementOut_;
@@ -36,6 +37,15 @@ struct GemmKernel {
   static constexpr int TileN = TileN_;
   static constexpr int TileK = 64;
   static constexpr int Stages = Stages_;
+  // CTAs per cluster (1, 2 or 4). The CTAs of a cluster share their A tile: each TMA-loads its 1/Cluster of it and
+  // multicasts that to all (DSD/DSD_T: adjacent N tiles of one output block row; SDD, pairs only: two listed
+  // blocks of one block row).
+  static constexpr int Cluster = Cluster_;
+  static_assert(Cluster == 1 || Cluster == 2 || Cluster == 4, "clusters of 1, 2 or 4 CTAs");
+  static_assert(Op != kOpSdd || Cluster <= 2, "SDD runs single CTAs or pairs");
+  // Epilogue: false stores straight from the accumulators; true writes each warpgroup's 64 x WgN part to shared
+  // memory and TMA-stores it (asynchronous: the warpgroup goes back to MMAs while the copy engine drains it).
+  static constexpr bool TmaEpi = TmaEpi_;
   // Rows of the reduction one listed block holds (DSD: its columns, DSD_T: its rows); SDD walks K densely.
   static constexpr int BlockK = Op == kOpDsd ? BlockN_ : BlockM_;
   static constexpr int StepsPerBlock = BlockK / TileK;
@@ -74,13 +84,38 @@ struct GemmKernel {
   static auto gmem_b(Element const* p, int n, int k, int64_t ld) {
     return make_tensor(make_gmem_ptr(p), make_shape(n, k), StrideB{_1{}, ld});
   }
+  using TmaLoadA = std::conditional_t<(Cluster > 1), SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
   static auto tma_a(Element const* p, int rows, int cols, int64_t ld) {
-    return make_tma_copy(SM90_TMA_LOAD{}, gmem_a(p, rows, cols, ld), SmemLayoutA{}(_, _, 0));
+    return make_tma_copy(TmaLoadA{}, gmem_a(p, rows, cols, ld), SmemLayoutA{}(_, _, 0), Int<Cluster>{});
   }
   static auto tma_b(Element const* p, int n, int k, int64_t ld) {
     return make_tma_copy(SM90_TMA_LOAD{}, gmem_b(p, n, k, ld), SmemLayoutB{}(_, _, 0));
   }
+  // The TMA-store epilogue's staging tile (one per MMA warpgroup): 64 x WgN, the output row contiguous, swizzled
+  // so that a warp's pair stores of 8 rows land on distinct banks.
+  static constexpr int kCRowBytes = WgN * int(sizeof(ElementOut));
+  using SmemAtomC = std::conditional_t<
+      kCRowBytes % 128 == 0, GMMA::Layout_K_SW128_Atom<ElementOut>,
+      std::conditional_t<kCRowBytes % 64 == 0, GMMA::Layout_K_SW64_Atom<ElementOut>,
+                         GMMA::Layout_K_SW32_Atom<ElementOut>>>;
+  using SmemLayoutC = decltype(tile_to_shape(SmemAtomC{}, make_shape(_64{}, Int<WgN>{})));
+  static constexpr int kCSwizzleRow = kCRowBytes % 128 == 0 ? 128 : kCRowBytes % 64 == 0 ? 64 : 32;
+  // Byte offset of element (r, c) in SmemLayoutC: atoms of 8 rows x kCSwizzleRow bytes stacked along the rows
+  // first, in each the 16-byte chunk index XOR-ed with the row bits above it (the TMA swizzle of that width).
+  CUTLASS_HOST_DEVICE static uint32_t c_offset(int r, int c) {
+    constexpr int R = kCSwizzleRow, E = int(sizeof(ElementOut));
+    int cb = c * E;
+    uint32_t atom = uint32_t(r / 8 + (cb / R) * 8);
+    uint32_t o = uint32_t((r % 8) * R + cb % R);
+    o ^= ((o >> 7) & uint32_t(R / 16 - 1)) << 4;
+    return atom * uint32_t(8 * R) + o;
+  }
+  static auto tma_c(ElementOut* p, int rows, int cols, int64_t ld) {
+    auto g = make_tensor(make_gmem_ptr(p), make_shape(rows, cols), make_stride(ld, _1{}));
+    return make_tma_copy(SM90_TMA_STORE{}, g, SmemLayoutC{});
+  }
   using TmaA = decltype(tma_a(nullptr, 1, 1, 8));
+  using TmaC = decltype(tma_c(nullptr, 1, 1, 8));
   using TmaB = decltype(tma_b(nullptr, 1, 1, 8));
 
   using Pipeline = cutlass::PipelineTmaAsync<Stages>;
@@ -90,12 +125,15 @@ struct GemmKernel {
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutA>> a;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutB>> b;
+    alignas(1024) cute::array_aligned<ElementOut, TmaEpi ? 2 * cosize_v<SmemLayoutC> : 1> c;
     typename Pipeline::SharedStorage pipe;
   };
 
   struct Params {
     TmaA tma_a;
     TmaB tma_b;
+    TmaC tma_c;        // the output (DSD/DSD_T: [rows, N]; SDD: values as [nnz * TileM, TileN]); TmaEpi only
+    int c_rows, c_cols;
     GemmWork work;
     GemmEpilogueParams epi;
   };
@@ -120,8 +158,13 @@ struct GemmKernel {
     pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
     pp.is_leader = threadIdx.x == 0;
     pp.num_consumers = 256;
-    Pipeline pipeline(s.pipe, pp, Shape<_1, _1, _1>{});
-    __syncthreads();
+    Pipeline pipeline(s.pipe, pp, Shape<Int<Cluster>, _1, _1>{});
+    if constexpr (Cluster > 1) {  // the peer's barriers are initialized before any multicast or remote arrive
+      cute::cluster_arrive_relaxed();
+      cute::cluster_wait();
+    } else {
+      __syncthreads();
+    }
 
     Tensor sA = make_tensor(make_smem_ptr(s.a.data()), SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(s.b.data()), SmemLayoutB{});
@@ -132,7 +175,7 @@ struct GemmKernel {
       if (warp == 0) produce(params, work, pipeline, sA, sB, lane);
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-      consume(params, work, pipeline, sA, sB, int(threadIdx.x) - 128);
+      consume(params, work, pipeline, sA, sB, int(threadIdx.x) - 128, s.c.data());
     }
   }
 
@@ -145,7 +188,8 @@ struct GemmKernel {
     Tensor mB = tma_b.get_tma_tensor(make_shape(work.n, work.b_k));
     Tensor gA = local_tile(mA, Shape<Int<TileM>, Int<TileK>>{}, make_coord(_, _));  // (TileM, 64, mt, kt)
     Tensor gB = local_tile(mB, Shape<Int<TileN>, Int<TileK>>{}, make_coord(_, _));  // (TileN, 64, nt, kt)
-    auto pa = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+    int rank = Cluster > 1 ? int(cute::block_rank_in_cluster()) : 0;
+    auto pa = tma_partition(tma_a, rank, Layout<Int<Cluster>>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
     auto pb = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
     Tensor tAgA = get<0>(pa);  // (TMA, mt, kt)
     Tensor tAsA = get<1>(pa);  // (TMA, Stages)
@@ -158,14 +202,16 @@ struct GemmKernel {
       if (leader) {
         pipeline.producer_acquire(state);
         auto* bar = pipeline.producer_get_barrier(state);
-        copy(tma_a.with(*bar), tAgA(_, am, ak), tAsA(_, state.index()));
+        if constexpr (Cluster > 1) copy(tma_a.with(*bar, uint16_t((1u << Cluster) - 1)), tAgA(_, am, ak),
+                                        tAsA(_, state.index()));
+        else copy(tma_a.with(*bar), tAgA(_, am, ak), tAsA(_, state.index()));
         copy(tma_b.with(*bar), tBgB(_, bn, bk), tBsB(_, state.index()));
       }
       ++state;
     };
 
-    for (int w = int(blockIdx.x); w < work.total; w += int(gridDim.x)) {
-      GemmItem it = work.template item<Op>(w);
+    for (int w = int(blockIdx.x) / Cluster; w < work.total; w += int(gridDim.x) / Cluster) {
+      GemmItem it = work.template item<Op, Cluster>(w, rank);
       if constexpr (Op == kOpSdd) {
         for (int ks = 0; ks < it.steps; ++ks) load(it.out_blk, ks, it.col_blk, ks);
       } else {
@@ -193,7 +239,10 @@ struct GemmKernel {
 
   template <class TA, class TB>
   CUTLASS_DEVICE void consume(Params const& params, GemmWork const& work, Pipeline& pipeline, TA& sA, TB& sB,
-                              int tidx) {
+                              int tidx, ElementOut* smem_c) {
+    // this warpgroup's staging tile
+    Tensor sC = make_tensor(make_smem_ptr(smem_c + (TmaEpi ? (tidx / 128) * cosize_v<SmemLayoutC> : 0)),
+                            SmemLayoutC{});
     TiledMma mma;
     auto thr = mma.get_thread_slice(tidx);
     Tensor tCrA = thr.partition_fragment_A(sA);  // (MMA, MMA_M, MMA_K, Stages) descriptors
@@ -201,9 +250,10 @@ struct GemmKernel {
     Tensor acc = partition_fragment_C(mma, Shape<Int<TileM>, Int<TileN>>{});
     Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<TileM>, Int<TileN>>{}));
     PipelineState read;
+    int rank = Cluster > 1 ? int(cute::block_rank_in_cluster()) : 0;
 
-    for (int w = int(blockIdx.x); w < work.total; w += int(gridDim.x)) {
-      GemmItem it = work.template item<Op>(w);
+    for (int w = int(blockIdx.x) / Cluster; w < work.total; w += int(gridDim.x) / Cluster) {
+      GemmItem it = work.template item<Op, Cluster>(w, rank);
       if (it.steps > 0) {
         // Only a row's last listed block can be the last block column; when the reduction length is not a
         // multiple of the block, that block's values past it are zeroed in shared memory before the MMA (the B
@@ -242,7 +292,11 @@ struct GemmKernel {
         warpgroup_fence_operand(acc);
         pipeline.consumer_release(release);
       }
-      epilogue(params.epi, work, it, acc, tCcC, it.steps > 0);
+      if constexpr (TmaEpi) epilogue_tma(params, work, it, acc, tCcC, it.steps > 0, sC, tidx);
+      else epilogue(params.epi, work, it, acc, tCcC, it.steps > 0);
+    }
+    if constexpr (TmaEpi) {
+      if (tidx % 128 == 0) tma_store_wait<0>();  // the copy engine has read the staging tile before the CTA ends
     }
   }
 
@@ -264,6 +318,7 @@ struct GemmKernel {
     ElementOut* out;
     int ld, row0, col0, row_lim, col_lim;
     if constexpr (Op == kOpSdd) {
+      if (it.value < 0) return;  // the partner slot of a pair (its block is another item's)
       out = static_cast<ElementOut*>(e.out) + int64_t(it.value) * TileM * TileN;
       ld = TileN, row0 = 0, col0 = 0, row_lim = TileM, col_lim = TileN;  // whole block (padding computes to 0)
     } else {
@@ -289,6 +344,67 @@ struct GemmKernel {
         }
         store_pair(p, v0, v1);
       }
+    }
+  }
+
+  // The TMA-store epilogue: the same values as epilogue(), written to this warpgroup's staging tile and stored by
+  // one thread with TMA (which drops what lies past the output's rows and columns).
+  template <class Acc, class Coord, class TC>
+  CUTLASS_DEVICE void epilogue_tma(Params const& params, GemmWork const& work, GemmItem const& it, Acc& acc,
+                                   Coord const& tCcC, bool have_acc, TC& sC, int tidx) {
+    GemmEpilogueParams const& e = params.epi;
+    int wg = tidx / 128;
+    bool leader = tidx % 128 == 0;
+    uint32_t bar = kBarGemmEpi + uint32_t(wg);
+    // this warpgroup's part of the tile: 64 rows x WgN columns at (org_r, org_c)
+    int org_r = AtomM == 2 ? wg * 64 : 0, org_c = AtomM == 2 ? 0 : wg * WgN;
+    int row0, col0, row_lim, col_lim;
+    ElementOut const* cin = static_cast<ElementOut const*>(e.out);
+    if constexpr (Op == kOpSdd) {
+      if (it.value < 0) return;  // the partner slot of a pair
+      row0 = it.value * TileM, col0 = 0, row_lim = INT_MAX, col_lim = TileN;
+    } else {
+      row0 = it.out_blk * TileM, col0 = it.nt * TileN, row_lim = e.rows, col_lim = work.n;
+    }
+    bool use_beta = Op != kOpSdd && e.beta != 0.f;
+    uint32_t c_smem = cute::cast_smem_ptr_to_uint(raw_pointer_cast(sC.data()));
+    if (leader) tma_store_wait<0>();  // the previous tile's store has read the staging tile
+    cutlass::arch::NamedBarrier::sync(128, bar);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {  // (i, i + 1): adjacent columns of one row
+      int lr = get<0>(tCcC(i)) - org_r, lc = get<1>(tCcC(i)) - org_c;
+      int r = row0 + org_r + lr, c = col0 + org_c + lc;
+      float v0 = have_acc ? e.alpha * acc(i) : 0.f, v1 = have_acc ? e.alpha * acc(i + 1) : 0.f;
+      if (Op != kOpSdd && r < row_lim && c < col_lim) {
+        if (use_beta) {
+          ElementOut const* p = cin + int64_t(r) * work.n + c;
+          v0 += e.beta * float(p[0]);
+          v1 += e.beta * float(p[1]);
+        }
+        if (e.bias != nullptr) {
+          v0 += e.bias[c];
+          v1 += e.bias[c + 1];
+        }
+      }
+      store_pair_smem(c_smem + c_offset(lr, lc), v0, v1);  // lc even: the pair stays in one 16-byte chunk
+    }
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(128, bar);
+    if (leader) {
+      Tensor mC = params.tma_c.get_tma_tensor(make_shape(params.c_rows, params.c_cols));
+      Tensor gC = local_tile(mC, Shape<_64, Int<WgN>>{}, make_coord((row0 + org_r) / 64, (col0 + org_c) / WgN));
+      auto s2g = params.tma_c.get_slice(Int<0>{});
+      copy(params.tma_c, s2g.partition_S(sC), s2g.partition_D(gC));
+      tma_store_arrive();
+    }
+  }
+
+  CUTLASS_DEVICE static void store_pair_smem(uint32_t addr, float v0, float v1) {
+    if constexpr (std::is_same_v<ElementOut, float>) {
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v0), "f"(v1));
+    } else {
+      cute::array<ElementOut, 2> v{ElementOut(v0), ElementOut(v1)};
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<uint32_t const*>(v.data())));
     }
   }
 

@@ -17,6 +17,33 @@ int gemm_smem_bytes() {
   return Named::SharedStorageSize;
 }
 
+namespace {
+int max_clusters[kMaxDevices] = {};  // per device: clusters of this kernel's shape that fit at once, queried once
+
+// Clusters of `cluster` CTAs of this kernel that can be resident at once (a persistent grid must not exceed it: a
+// cluster that waits for a free GPC would run as a second wave). 0 on error.
+template <class Named>
+cudaError_t gemm_max_clusters(int device, int cluster, int threads, int smem, int& out) {
+  bool known = device >= 0 && device < kMaxDevices;
+  out = known ? max_clusters[device] : 0;
+  if (out > 0) return cudaSuccess;
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(unsigned(cluster), 1, 1);
+  cfg.blockDim = dim3(unsigned(threads), 1, 1);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaError_t err = cudaOccupancyMaxActiveClusters(&out, cutlass::device_kernel<Named>, &cfg);
+  if (err == cudaSuccess && known && out > 0) max_clusters[device] = out;
+  return err;
+}
+}  // namespace
+
 // a: values [nnz, BM, BN] (DSD, DSD_T) or a [m, k] (SDD); b: [k, n]; out: [m, n] (DSD, DSD_T) or values (SDD).
 // m: output rows; k: the reduction length (DSD: K, DSD_T: M, SDD: K); n_items: schedule entries.
 template <class Kernel, class Named, class Args>
@@ -26,21 +53,25 @@ int gemm_launch(Args const& a, cudaStream_t stream) {
   constexpr int TileM = Kernel::TileM, TileN = Kernel::TileN, TileK = Kernel::TileK;
   constexpr int BlockK = Kernel::BlockK;
   constexpr bool kSdd = Op == kOpSdd;
+  constexpr int Cluster = Kernel::Cluster;
 
-  if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.nnz < 0 || a.n_items < 0) return kErrBadShape;
+  if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.nnz < 0 || a.n_items < 0 || a.strip < 0) return kErrBadShape;
   // TMA: b's (and SDD a's) rows must be 16-byte multiples; the epilogue stores column pairs below n.
   if (a.n % 8 != 0 || (kSdd && a.k % 8 != 0)) return kErrStrideRange;
   if (!tma_stride_ok(a.n, sizeof(Element)) || (kSdd && !tma_stride_ok(a.k, sizeof(Element)))) return kErrStrideRange;
   // Element offsets in TMA coordinates and the tile walk are int32.
   long long value_rows = (long long)a.nnz * (Op == kOpDsd ? TileM : BlockK);
   if (value_rows > kIntMax || (long long)a.m + TileM > kIntMax || (long long)a.k + BlockK + TileK > kIntMax ||
-      (long long)a.n + TileN > kIntMax)
+      (long long)a.n + 2LL * Cluster * TileN > kIntMax)
     return kErrBadShape;
   if (!aligned16(a.a) || !aligned16(a.b) || !aligned16(a.out) || !aligned16(a.sched)) return kErrMisaligned;
   if (!kSdd && (long long)a.n_items * TileM < a.m) return kErrBadShape;  // the schedule covers every row
+  if (kSdd && a.n_items % Cluster != 0) return kErrBadShape;  // SDD pairs: entries 2i, 2i + 1 run as one item
 
-  int n_tiles = kSdd ? 1 : (a.n + TileN - 1) / TileN;
-  long long total = (long long)a.n_items * n_tiles;
+  // With CTA pairs an item is a pair of N tiles (DSD/DSD_T) or of SDD entries.
+  int n_tiles = kSdd ? 1 : (a.n + TileN * Cluster - 1) / (TileN * Cluster);
+  int n_items = kSdd ? a.n_items / Cluster : a.n_items;
+  long long total = (long long)n_items * n_tiles;
   if (total > kIntMax) return kErrBadShape;
   if (total == 0) return 0;
 
@@ -56,10 +87,11 @@ int gemm_launch(Args const& a, cudaStream_t stream) {
   w.blk_b = a.blk_b;
   w.blk_a = a.blk_a;
   w.total = int(total);
-  w.n_items = a.n_items;
+  w.n_items = n_items;
   w.n_tiles = n_tiles;
-  long long strip_bytes = (long long)a.k * TileN * (long long)sizeof(Element);  // B's columns of one N tile
-  w.strip = int(std::max(1LL, std::min<long long>(n_tiles, (l2 / 2) / std::max(1LL, strip_bytes))));
+  long long strip_bytes = (long long)a.k * TileN * Cluster * (long long)sizeof(Element);  // B's columns per item
+  long long strip = a.strip > 0 ? a.strip : (l2 / 2) / std::max(1LL, strip_bytes);
+  w.strip = int(std::max(1LL, std::min<long long>(n_tiles, strip)));
   w.n = a.n;
   w.b_k = a.k;
   if constexpr (kSdd) {
@@ -83,22 +115,52 @@ int gemm_launch(Args const& a, cudaStream_t stream) {
     }
   }
 
+  // The output as the TMA-store epilogue's descriptor sees it (SDD: the values as [nnz * TileM, TileN]).
+  int c_rows = kSdd ? int(std::max(1LL, (long long)a.nnz * TileM)) : a.m;
+  int c_cols = kSdd ? TileN : a.n;
+  if (kSdd && (long long)a.nnz * TileM > kIntMax) return kErrBadShape;
   auto const* pa = static_cast<Element const*>(a.a);
   auto const* pb = static_cast<Element const*>(a.b);
   typename Named::Params params{
       kSdd ? Kernel::tma_a(pa, a.m, a.k, a.k)
            : Kernel::tma_a(pa, w.a_rows, w.a_cols, Op == kOpDsd ? BlockK : TileM),
       Kernel::tma_b(pb, a.n, a.k, a.n),
+      Kernel::TmaEpi ? Kernel::tma_c(static_cast<typename Kernel::ElementOut*>(a.out), c_rows, c_cols, c_cols)
+                     : typename Kernel::TmaC{},
+      c_rows,
+      c_cols,
       w,
       GemmEpilogueParams{a.out, a.bias, a.alpha, a.beta, a.m}};
 
   int smem = Kernel::SharedStorageSize;
   err = allow_dynamic_smem(cutlass::device_kernel<Named>, device, smem);
   if (err != cudaSuccess) return int(err);
-  dim3 grid(unsigned(std::min<long long>(total, std::max(1, a.sm_count))), 1, 1);
   dim3 block(Kernel::MaxThreadsPerBlock, 1, 1);
-  cutlass::device_kernel<Named><<<grid, block, smem, stream>>>(params);
-  return int(cudaGetLastError());
+  if constexpr (Cluster == 1) {
+    dim3 grid(unsigned(std::min<long long>(total, std::max(1, a.sm_count))), 1, 1);
+    cutlass::device_kernel<Named><<<grid, block, smem, stream>>>(params);
+    return int(cudaGetLastError());
+  } else {
+    int fit = 0;
+    err = gemm_max_clusters<Named>(device, Cluster, Kernel::MaxThreadsPerBlock, smem, fit);
+    if (err != cudaSuccess) return int(err);
+    long long clusters = std::min<long long>({total, std::max(1, a.sm_count / Cluster), std::max(1, fit)});
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(Cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(unsigned(clusters * Cluster), 1, 1);
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = size_t(smem);
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    err = cudaLaunchKernelEx(&cfg, cutlass::device_kernel<Named>, params);
+    if (err != cudaSuccess) return int(err);
+    return int(cudaGetLastError());
+  }
 }
 
 }  // namespace bsk

@@ -14,8 +14,9 @@
 namespace bsk {
 
 enum : int { kOpDsd = 0, kOpDsdT = 1, kOpSdd = 2 };
-// Named barrier (a CUTLASS user id) the two MMA warpgroups meet at after zeroing a padded A tile.
-enum : uint32_t { kBarGemmPad = 0 };
+// Named barriers (CUTLASS user ids): the two MMA warpgroups meet at kBarGemmPad after zeroing a padded A tile;
+// each warpgroup's threads meet at kBarGemmEpi + its index around its TMA-store epilogue.
+enum : uint32_t { kBarGemmPad = 0, kBarGemmEpi = 1 };
 
 struct GemmItem {
   int out_blk;  // output block row (DSD, SDD: block row of A; DSD_T: block column of A)
@@ -31,10 +32,10 @@ struct GemmWork {
   const int4* sched;   // DSD/DSD_T: row schedule (row, start, end, first); SDD: (row, col, value, 0)
   const int* blk_b;    // per listed block, B's block row (DSD: col_idx; DSD_T: the transpose's col_idx)
   const int* blk_a;    // DSD_T: per listed block of the transpose, its index in the values
-  int total;           // items
-  int n_items;         // schedule entries
-  int n_tiles;         // N tiles (SDD: 1)
-  int strip;           // N tiles per strip
+  int total;           // items (of a cluster: a CTA pair runs one item, each CTA its own N tile / entry)
+  int n_items;         // schedule entries (SDD: entry pairs when the kernel runs CTA pairs)
+  int n_tiles;         // N tiles (SDD: 1); with CTA pairs, pairs of N tiles
+  int strip;           // N tiles (pairs) per strip
   int steps_per_block; // k steps per listed block (DSD/DSD_T); SDD: k steps of the dense K
   int last_blk;        // the last block along the reduction when it is partial, else -1
   int k_valid_last;    // its valid rows of the reduction (< the block), else the block
@@ -42,21 +43,25 @@ struct GemmWork {
   int a_rows, a_cols;  // A's TMA view (rows x cols as the descriptor has them)
   int b_k;             // B's reduction length (rows of b)
 
-  template <int Op>
-  CUTLASS_DEVICE GemmItem item(int w) const {
+  // Item w of the (cluster's) work list as CTA `rank` of the cluster runs it.
+  template <int Op, int Cluster>
+  CUTLASS_DEVICE GemmItem item(int w, int rank) const {
     GemmItem it{};
     int per_strip = n_items * strip;
     int s = w / per_strip;
     int rem = w - s * per_strip;
     int wcur = min(strip, n_tiles - s * strip);
     int r = rem / wcur;
-    it.nt = s * strip + (rem - r * wcur);
-    int4 e = sched[r];
+    it.nt = (s * strip + (rem - r * wcur)) * Cluster + rank;
+    int4 e = sched[Op == kOpSdd ? r * Cluster + rank : r];
     it.out_blk = e.x;
     if constexpr (Op == kOpSdd) {
+      // (row, col, value, skip): value < 0 marks a pair's partner slot (computed, not stored; its row is its
+      // partner's, so the shared A tile is right); skip = 1 on both slots of a padding pair (nothing runs).
+      it.nt = 0;
       it.col_blk = e.y;
       it.value = e.z;
-      it.steps = steps_per_block;
+      it.steps = e.w ? 0 : steps_per_block;
       it.start = 0;
       it.count = 0;
     } else {

@@ -4,7 +4,7 @@
 // warp and a dQ reducer warp, two MMA warpgroups, register reallocation) around bsk::bwd::BwdMainloop, example
 // 88's dK/dV epilogue (TMA stores, clipped at seq_k), and BwdTileScheduler (one CTA per 128-key tile, heaviest
 // key blocks first). The launcher takes the plain argument struct rendered from AttnBwdConfig.abi and runs the
-// whole backward on the caller's stream: zero the fp32 dQ accumulator, prep (delta, LSE2), the main kernel, and
+// whole backward on the caller's stream: prep (delta, LSE2, zero the fp32 dQ accumulator), the main kernel, and
 // the dQ convert.
 #pragma once
 
@@ -116,18 +116,18 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   err = allow_dynamic_smem(cutlass::device_kernel<Named>, device, smem);
   if (err != cudaSuccess) return int(err);
   long long rows = (long long)a.batch * a.heads * a.seq_q;
-  err = cudaMemsetAsync(a.dq_acc, 0, size_t(rows) * a.head_dim * sizeof(float), stream);
-  if (err != cudaSuccess) return int(err);
   if (Traits::kDeterministic) {
     err = cudaMemsetAsync(a.dq_sem, 0, size_t(a.batch) * a.heads * n_qtiles * sizeof(int), stream);
     if (err != cudaSuccess) return int(err);
   }
 
-  PrepParams pp{a.o, a.do_, a.lse, a.glse, a.lse2, a.delta,
+  PrepParams pp{a.o, a.do_, a.lse, a.glse, a.lse2, a.delta, a.dq_acc,
                 a.o_stride_b, a.o_stride_h, a.o_stride_s, a.do_stride_b, a.do_stride_h, a.do_stride_s,
                 a.lse_stride_b, a.lse_stride_h, a.ws_stride_b, a.ws_stride_h,
-                a.heads, a.seq_q, a.head_dim, rows};
-  attn_bwd_prep_kernel<Element><<<dim3(unsigned((rows + 7) / 8)), dim3(256), 0, stream>>>(pp);
+                a.heads, a.seq_q, rows};
+  constexpr int kPrepRows = 256 / (Traits::kHeadDim / 8);  // rows per prep block
+  attn_bwd_prep_kernel<Element, Traits::kHeadDim>
+      <<<dim3(unsigned((rows + kPrepRows - 1) / kPrepRows)), dim3(256), 0, stream>>>(pp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return int(err);
 

@@ -23,13 +23,16 @@ struct PrepParams {
   float* lse2;             // (B, H, >= Sq) strides out_b, out_h, 1
   float* delta;            // same layout as lse2
   float* dq_acc;           // (B, H, Sq, D) contiguous: zeroed here, before the main kernel adds into it
+  int* dq_sem;             // deterministic kernels: (B, H, n_qtiles) dQ turn counters, zeroed here; else null
+  int n_qtiles;            // ceil(Sq / 64)
   long long o_b, o_h, o_s, do_b, do_h, do_s, lse_b, lse_h, out_b, out_h;
   int heads, seq_q;
   long long rows;          // B * H * Sq
 };
 
 // HeadDim / 8 threads per row, 8 elements (16 bytes of O and of dO) each, a shuffle reduction within the row's
-// threads; each also zeroes its 8 floats of the row's fp32 dQ accumulator (no separate memset pass).
+// threads; each also zeroes its 8 floats of the row's fp32 dQ accumulator, and the first thread of each 64-query
+// tile's first row its turn counter (deterministic kernels): no separate memset pass.
 template <class Element, int HeadDim>
 __global__ void __launch_bounds__(256) attn_bwd_prep_kernel(PrepParams p) {
   constexpr int kThreadsPerRow = HeadDim / 8;
@@ -57,6 +60,7 @@ __global__ void __launch_bounds__(256) attn_bwd_prep_kernel(PrepParams p) {
     float4* z = reinterpret_cast<float4*>(p.dq_acc + row * HeadDim + c);
     z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
     z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (p.dq_sem != nullptr && c == 0 && s % 64 == 0) p.dq_sem[bh * p.n_qtiles + s / 64] = 0;
   }
   CUTLASS_PRAGMA_UNROLL
   for (int m = kThreadsPerRow / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);

@@ -26,4 +26,4 @@ echo "build: $(( $(date +%s) - t0 )) s"
 timeout 90 python3 dev/bwd_smoke.py || { echo "SMOKE FAILED (error or hang): stopping"; exit 1; }
 timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -rf -p no:cacheprovider tests/test_attn_bwd_gpu.py \
     ${OUT:+--junitxml=$OUT/bwd_tests.xml} 2>&1 | tail -60
-timeout ${BENCH_TIMEOUT:-300} python3 -m blackwell_sparsek bench-bwd ${1:+--quick} --out "${OUT:-/tmp}"
+timeout ${BENCH_TIMEOUT:-300} python3 -m blackwell_sparsek bench-bwd ${1:+--quick} --out "${OUT:-/tmp}" $BENCH_ARGS

@@ -184,11 +184,12 @@ def cases(quick: bool) -> list[dict[str, Any]]:
     if quick:
         return out
     out += [
-        dict(name="dense_d128", layout=lambda: L.dense(S), B=4, H=16, S=S, D=128, dtype=torch.float16,
-             det=True, sdpa="dense"),
         dict(name="causal_d128", layout=lambda: L.causal(S), B=4, H=16, S=S, D=128, dtype=torch.float16,
              sdpa="causal"),
-        dict(name="topk25_d64", layout=lambda: topk(8), B=1, H=8, S=S, D=64, dtype=torch.float16, flex=True),
+        dict(name="dense_d128", layout=lambda: L.dense(S), B=4, H=16, S=S, D=128, dtype=torch.float16,
+             det=True, sdpa="dense"),
+        dict(name="topk25_d64", layout=lambda: topk(8), B=1, H=8, S=S, D=64, dtype=torch.float16, flex=True,
+             host=True),
         dict(name="window2k_32k", layout=lambda: L.sliding_window(32768, 2048), B=1, H=16, S=32768, D=128,
              dtype=torch.float16, flex=True),
     ]
@@ -209,13 +210,14 @@ def run_case(c: dict[str, Any], rows: list[dict[str, Any]], notes: dict[str, Any
     t_ours = _time(call)
     add("bsk bwd", t_ours, call.flops)
     key = f"{c['name']}_{_dt(dt)}"
-    if c.get("extras"):
-        notes[f"{key}_breakdown_us"] = breakdown(call)
+    if c.get("extras") or c.get("host"):
         notes[f"{key}_graph_ms"] = call.graph_ms()
         notes[f"{key}_host_us_per_call"] = call.host_us()
+    if c.get("extras"):
+        notes[f"{key}_breakdown_us"] = breakdown(call)
         notes[f"{key}_memory_bytes"] = call.extra_memory()
         if head_groups:
-            for g in (32,):
+            for g in (1, 2):
                 ab.HEAD_GROUP = g
                 add(f"bsk bwd group{g}", _time(call), call.flops)
             ab.HEAD_GROUP = 0
@@ -224,7 +226,7 @@ def run_case(c: dict[str, Any], rows: list[dict[str, Any]], notes: dict[str, Any
         t_det = _time(dcall)
         add("bsk bwd det", t_det, dcall.flops, det_cost=t_det / t_ours - 1)
         if c.get("extras") and head_groups:
-            for g in (16, 32):
+            for g in (2, 8):
                 ab.HEAD_GROUP_DET = g
                 t = _time(dcall)
                 add(f"bsk bwd det group{g}", t, dcall.flops, det_cost=t / t_ours - 1)

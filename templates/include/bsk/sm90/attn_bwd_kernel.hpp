@@ -8,6 +8,8 @@
 // turn counters), the main kernel, and the dQ convert.
 #pragma once
 
+#include "bsk/common/tma_driver.hpp"  // first: CUTLASS's TMA encoding without a driver lookup per descriptor
+
 #include <algorithm>
 #include <utility>
 

@@ -17,7 +17,7 @@ from typing import Sequence
 from . import __version__, _env
 from .errors import BskError
 
-FORWARDED = ("bench", "compare-88", "profile")
+FORWARDED = ("bench", "compare-88", "profile", "bench-bwd")
 
 
 def _resolve(spec: str):

@@ -3,7 +3,7 @@
 #   WHL=<dir with the nvidia-cutlass wheel> bash dev/bwd_gpu.sh [quick]
 # Installs the wheel into /tmp/site, builds the backward kernels and the forward kernels its tests use (16 parallel
 # nvcc; a carried .bskcache/ of kernels prebuilt on a CPU host gives cache hits when the toolchain matches), runs
-# dev/bwd_smoke.py (stops on a hang), tests/test_attn_bwd_gpu.py and dev/bwd_bench.py; the benchmark table comes
+# dev/bwd_smoke.py (stops on a hang), tests/test_attn_bwd_gpu.py and `bench-bwd`; the benchmark table comes
 # last. With OUT set, the JSON and the pytest report land there.
 set -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,4 +26,4 @@ echo "build: $(( $(date +%s) - t0 )) s"
 timeout 90 python3 dev/bwd_smoke.py || { echo "SMOKE FAILED (error or hang): stopping"; exit 1; }
 timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -rf -p no:cacheprovider tests/test_attn_bwd_gpu.py \
     ${OUT:+--junitxml=$OUT/bwd_tests.xml} 2>&1 | tail -60
-timeout ${BENCH_TIMEOUT:-100} python3 dev/bwd_bench.py ${1:+--quick} --json "${OUT:-/tmp}/bwd_bench.json"
+timeout ${BENCH_TIMEOUT:-300} python3 -m blackwell_sparsek bench-bwd ${1:+--quick} --out "${OUT:-/tmp}" $BENCH_ARGS

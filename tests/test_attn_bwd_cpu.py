@@ -154,7 +154,11 @@ def test_abi_struct_launch_args_and_ctypes_agree():
     assert f["glse"] is None and f["t_rank"] is None and f["dq_sem"] is None
     st = runtime.args_struct(abi)
     assert [x[0] for x in st._fields_] == names
-    assert ctypes_size_of(st) == sum(8 if ("*" in c or "long" in c) else 4 for _, c in abi)
+    # the C struct's size: packed fields (the 4-byte ones come in runs of even length or last) plus the tail padding
+    # to the 8-byte alignment of its pointers and long longs
+    packed = sum(8 if ("*" in c or "long" in c) else 4 for _, c in abi)
+    assert ctypes_size_of(st) == (packed + 7) // 8 * 8
+    assert f["head_group"] == 0
     with pytest.raises(InvalidConfigError, match="one stride pair"):
         fam.launch_args(**{**dict(q=q, k=k, v=k, o=q, do=q, lse=torch.zeros(B, H, Sq), glse=None),
                            "lse2": ws[0], "delta": torch.zeros(B, H, Sq), "dq_acc": q, "dq": q, "dk": q, "dv": q,
@@ -355,3 +359,19 @@ def test_real_compile_attn_bwd(bsk_cache):
         for s in ("bsk_launch", "bsk_kernel_name", "bsk_smem_bytes"):
             assert s in syms
         assert not [ln for ln in syms.splitlines() if ln.split()[1:2] == ["u"] and "3bsk" in ln]
+
+
+def test_bench_bwd_lists_its_cases_and_formats_rows(capsys):
+    """The harness's backward benchmark: the case list (the done-when's shapes) and its markdown table, on CPU."""
+    from blackwell_sparsek.bench import backward
+    from blackwell_sparsek.bench.cli import main as bench_main
+    assert bench_main(["bench-bwd", "--list"]) == 0
+    listed = capsys.readouterr().out
+    for shape in ("2,16,8192,128", "4,16,8192,128", "1,8,8192,64", "1,16,32768,128"):
+        assert shape in listed
+    rows = [dict(case="c", impl="bsk bwd", dtype="float16", B=1, H=2, S=3, D=64, ms=2.0, tflops=5.0, vs_flex=1.5),
+            dict(case="c", impl="bsk bwd det", dtype="float16", B=1, H=2, S=3, D=64, ms=2.2, tflops=4.5,
+                 det_cost=0.1)]
+    md = backward.markdown("GPU", rows, {"k": 1})
+    assert "| c | bsk bwd | float16 | 1,2,3,64 | 2.000 | 5.0 | 1.50x Flex |" in md
+    assert "det cost +10.0 %" in md

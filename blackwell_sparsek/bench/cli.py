@@ -3,6 +3,7 @@
     python -m blackwell_sparsek bench [--quick | --preset quick|full|headline|tiny] [--out DIR]
     python -m blackwell_sparsek bench gemm [--preset quick|full|headline] [--out DIR]   (block-sparse GEMM)
     python -m blackwell_sparsek compare-88 [--shapes 2x16x8192x128 ...] [--iterations 20] [--json PATH]
+    python -m blackwell_sparsek bench-bwd [--quick] [--out DIR]   (the attention backward vs Flex and cuDNN)
     python -m blackwell_sparsek profile [--config NAME] [--shape 2x16x8192x128] [--pattern dense] [--out DIR]
 
 Results are printed; files are written only where --out / --json say (never into the current directory unasked).
@@ -19,7 +20,7 @@ from typing import Any
 from ..errors import BskError, InputError
 from .timing import REP_MS, WARMUP_MS
 
-SUBCOMMANDS = ("bench", "compare-88", "profile")
+SUBCOMMANDS = ("bench", "compare-88", "profile", "bench-bwd")
 # Seconds of building + measuring after which remaining cases are skipped; the rest of a run (torch import, CUDA
 # init, JSON, plots) takes ~20 s and one case may overrun its estimate: quick < 4 min, full < 9 min in total.
 DEFAULT_BUDGET = {"tiny": 300.0, "quick": 180.0, "full": 450.0, "headline": 420.0}
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_compare(_compare_parser().parse_args(rest))
         if sub == "profile":
             return cmd_profile(_profile_parser().parse_args(rest))
+        if sub == "bench-bwd":
+            from .backward import main as bwd_main
+            return bwd_main(rest)
     except BskError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -63,7 +63,7 @@ class AttnBwdConfig(KernelConfig):
         ("lse_stride_b", "long long"), ("lse_stride_h", "long long"),
         ("ws_stride_b", "long long"), ("ws_stride_h", "long long"),
         ("layout_heads", "int"), ("n_kblocks", "int"), ("col_stride", "int"),
-        ("window_left", "int"), ("window_right", "int"),
+        ("window_left", "int"), ("window_right", "int"), ("head_group", "int"),
         ("scale", "float"),
     )
 
@@ -165,7 +165,7 @@ def _config_for(head_dim: int, dtype: DType, block_m: int, block_n: int, determi
 # -- launch arguments: the one place the ABI struct is filled from tensors --------------------------------------
 
 def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t_q_idx, t_kind, t_sched, t_rank,
-                dq_sem, window_left: int, window_right: int, scale: float) -> dict[str, Any]:
+                dq_sem, window_left: int, window_right: int, scale: float, head_group: int = 0) -> dict[str, Any]:
     """Keyword fields of the ABI struct, in ABI order.
 
     q, o, do, dq: (B, H, Sq, D); k, v: (B, Hkv, Sk, D); dk, dv: (B, H, Sk, D) per query head (the caller sums a
@@ -174,7 +174,8 @@ def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t
     stride, 16-byte aligned rows; dq_acc: (B, H, Sq, D) fp32 contiguous (the launcher zeroes it); t_*: the
     transposed layout (query blocks per key block) and its schedule [Hl, nk, 4]; deterministic kernels also take
     t_rank (each entry's position in its query block's list) and dq_sem (int32, B * H * ceil(Sq / 64), zeroed by
-    the launcher); the others take None for both."""
+    the launcher); the others take None for both. head_group: (batch, head)s per group of the tile order (0: those
+    whose Q and dO fit in half of L2; else the largest divisor of B * H up to it)."""
     B, H, Sq, D = q.shape
     if glse is not None and glse.stride() != lse.stride():
         raise InvalidConfigError("glse must have lse's strides (the kernel takes one stride pair for both)")
@@ -202,7 +203,7 @@ def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t
         lse_stride_b=ls[0], lse_stride_h=ls[1],
         ws_stride_b=ws[0], ws_stride_h=ws[1],
         layout_heads=t_sched.shape[0], n_kblocks=t_sched.shape[1], col_stride=t_q_idx.stride(0),
-        window_left=int(window_left), window_right=int(window_right),
+        window_left=int(window_left), window_right=int(window_right), head_group=int(head_group),
         scale=float(scale),
     )
 

@@ -150,6 +150,13 @@ def _poison() -> bool:
 
 # -- the op --------------------------------------------------------------------------------------------------
 
+# (batch, head)s per group of the kernel's tile order (the launcher's head_group; 0 = those whose Q and dO fit
+# in half of L2). The deterministic kernel waits on co-resident CTAs of its own (batch, head) only: larger groups
+# put fewer of them side by side (dev/bwd_det_sim.py). Module settings so a benchmark can compare values.
+HEAD_GROUP = 0
+HEAD_GROUP_DET = 0
+
+
 def _tma_ready(t: torch.Tensor) -> bool:
     es = t.element_size()
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
@@ -186,27 +193,36 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
                                                           cfg.block_m, ascending=det)
     kernel = _kernel_for(config_json)
 
-    sq_pad = (Sq + 3) // 4 * 4            # 16-byte rows for the TMA loads of LSE2 and delta
-    ws = torch.empty((2, B, H, sq_pad), dtype=torch.float32, device=q.device)
-    dq_acc = torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
-    # deterministic: one turn counter per 64-query dQ tile (zeroed by the launcher)
-    dq_sem = torch.empty((B, H, (Sq + 63) // 64), dtype=torch.int32, device=q.device) if det else None
+    # One fp32 workspace: LSE2 and delta rows (16-byte rows for their TMA loads), the dQ accumulator, and the
+    # deterministic turn counters (one per 64-query dQ tile); the launcher's prep kernel zeroes the last two.
+    sq_pad = (Sq + 3) // 4 * 4
+    n_ws, n_acc = 2 * B * H * sq_pad, B * H * Sq * D
+    n_sem = B * H * ((Sq + 63) // 64) if det else 0
+    work = torch.empty(n_ws + n_acc + n_sem, dtype=torch.float32, device=q.device)
+    ws = work[:n_ws].view(2, B, H, sq_pad)
+    dq_acc = work[n_ws:n_ws + n_acc].view(B, H, Sq, D)
+    dq_sem = work[n_ws + n_acc:].view(torch.int32) if det else None
     dq = torch.empty_like(q)
     gqa = Hkv != H
     dk = torch.empty((B, H, Sk, D), dtype=q.dtype, device=q.device) if gqa else torch.empty_like(k)
     dv = torch.empty((B, H, Sk, D), dtype=q.dtype, device=q.device) if gqa else torch.empty_like(v)
-    if _poison():
-        for t in (ws, dq, dk, dv):
+    if _poison():  # the turn counters stay as they are: the prep kernel must zero them (and the accumulator)
+        for t in (work[:n_ws + n_acc], dq, dk, dv):
             t.fill_(float("nan"))
     fields = _family.launch_args(q=q, k=k, v=v, o=o, do=do, lse=lse, glse=glse, lse2=ws[0], delta=ws[1],
                                  dq_acc=dq_acc, dq=dq, dk=dk, dv=dv, t_q_idx=t_q_idx, t_kind=t_kind,
                                  t_sched=t_sched, t_rank=t_rank if det else None, dq_sem=dq_sem,
-                                 window_left=meta[0], window_right=meta[1], scale=scale)
+                                 window_left=meta[0], window_right=meta[1], scale=scale,
+                                 head_group=HEAD_GROUP_DET if det else HEAD_GROUP)
     dev = q.device.index
     from . import dispatch
     dispatch.check_device(config_json, dev)  # arch and shared memory, once per (config, device)
-    with torch.cuda.device(dev):
-        kernel.launch(torch._C._cuda_getCurrentRawStream(dev), **fields)
+    args = kernel.Args(**fields)
+    if dev == torch.cuda.current_device():
+        kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
+    else:
+        with torch.cuda.device(dev):
+            kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
     if gqa:
         g = H // Hkv
         dk_out, dv_out = torch.empty_like(k), torch.empty_like(v)

@@ -4,9 +4,11 @@
 // warp and a dQ reducer warp, two MMA warpgroups, register reallocation) around bsk::bwd::BwdMainloop, example
 // 88's dK/dV epilogue (TMA stores, clipped at seq_k), and BwdTileScheduler (one CTA per 128-key tile, heaviest
 // key blocks first). The launcher takes the plain argument struct rendered from AttnBwdConfig.abi and runs the
-// whole backward on the caller's stream: zero the fp32 dQ accumulator, prep (delta, LSE2), the main kernel, and
-// the dQ convert.
+// whole backward on the caller's stream: prep (delta, LSE2, zero the fp32 dQ accumulator and the deterministic
+// turn counters), the main kernel, and the dQ convert.
 #pragma once
+
+#include "bsk/common/tma_driver.hpp"  // first: CUTLASS's TMA encoding without a driver lookup per descriptor
 
 #include <algorithm>
 #include <utility>
@@ -60,7 +62,7 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   if (a.head_dim != Traits::kHeadDim) return kErrBadHeadDim;
   if (a.batch <= 0 || a.heads <= 0 || a.heads_kv <= 0 || a.heads % a.heads_kv != 0 || a.seq_q <= 0 ||
       a.seq_k <= 0 || a.n_kblocks <= 0 || (long long)a.n_kblocks * Traits::kBlockN < a.seq_k ||
-      (a.layout_heads != 1 && a.layout_heads != a.heads) ||
+      (a.layout_heads != 1 && a.layout_heads != a.heads) || a.head_group < 0 ||
       (Traits::kDeterministic && (a.t_rank == nullptr || a.dq_sem == nullptr)))
     return kErrBadShape;
   long long strides[] = {a.q_stride_b,  a.q_stride_h,  a.q_stride_s,  a.k_stride_b,   a.k_stride_h,
@@ -97,15 +99,34 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
       static_cast<Element*>(a.dk), make_tuple(int(a.dk_stride_b), int(a.dk_stride_h), int(a.dk_stride_s), _1{}),
       static_cast<Element*>(a.dv), make_tuple(int(a.dv_stride_b), int(a.dv_stride_h), int(a.dv_stride_s), _1{})};
 
+  // Prep first: the GPU runs it while the host encodes the main kernel's TMA descriptors.
+  long long rows = (long long)a.batch * a.heads * a.seq_q;
+  PrepParams pp{a.o, a.do_, a.lse, a.glse, a.lse2, a.delta, a.dq_acc,
+                Traits::kDeterministic ? a.dq_sem : nullptr, n_qtiles,
+                a.o_stride_b, a.o_stride_h, a.o_stride_s, a.do_stride_b, a.do_stride_h, a.do_stride_s,
+                a.lse_stride_b, a.lse_stride_h, a.ws_stride_b, a.ws_stride_h,
+                a.heads, a.seq_q, rows};
+  constexpr int kPrepRows = 256 / (Traits::kHeadDim / 8);  // rows per prep block
+  attn_bwd_prep_kernel<Element, Traits::kHeadDim>
+      <<<dim3(unsigned((rows + kPrepRows - 1) / kPrepRows)), dim3(256), 0, stream>>>(pp);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return int(err);
+
   int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
+  err = cudaGetDevice(&device);
   if (err != cudaSuccess) return int(err);
   int l2 = 0;
   err = device_l2_bytes(device, l2);
   if (err != cudaSuccess) return int(err);
-  // the heaviest-first groups of (batch, head)s whose Q and dO (read for every key block) fit in half of L2
+  // Tile order: groups of (batch, head)s, heaviest key block first within a group (ascending when
+  // deterministic). The caller may fix the group size (head_group > 0, a divisor of batch * heads, else the
+  // largest divisor below it); 0 = the (batch, head)s whose Q and dO (read for every key block) fit in half of L2.
+  // The deterministic kernel waits only on co-resident CTAs of the same (batch, head): fewer of them with larger
+  // groups (dev/bwd_det_sim.py models it).
   long long qdo_bytes = 2LL * a.seq_q * a.head_dim * (long long)sizeof(Element);
-  int group = head_group(a.batch * a.heads, qdo_bytes, l2);
+  int bh = a.batch * a.heads;
+  int group = a.head_group > 0 ? head_group(bh, 1, std::min(a.head_group, bh) * 2LL)
+                               : head_group(bh, qdo_bytes, l2);
 
   typename Named::Params params{
       ps, Mainloop::to_underlying_arguments(ps, margs, nullptr), Epilogue::to_underlying_arguments(ps, eargs),
@@ -114,21 +135,6 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
 
   int smem = int(Named::SharedStorageSize);
   err = allow_dynamic_smem(cutlass::device_kernel<Named>, device, smem);
-  if (err != cudaSuccess) return int(err);
-  long long rows = (long long)a.batch * a.heads * a.seq_q;
-  err = cudaMemsetAsync(a.dq_acc, 0, size_t(rows) * a.head_dim * sizeof(float), stream);
-  if (err != cudaSuccess) return int(err);
-  if (Traits::kDeterministic) {
-    err = cudaMemsetAsync(a.dq_sem, 0, size_t(a.batch) * a.heads * n_qtiles * sizeof(int), stream);
-    if (err != cudaSuccess) return int(err);
-  }
-
-  PrepParams pp{a.o, a.do_, a.lse, a.glse, a.lse2, a.delta,
-                a.o_stride_b, a.o_stride_h, a.o_stride_s, a.do_stride_b, a.do_stride_h, a.do_stride_s,
-                a.lse_stride_b, a.lse_stride_h, a.ws_stride_b, a.ws_stride_h,
-                a.heads, a.seq_q, a.head_dim, rows};
-  attn_bwd_prep_kernel<Element><<<dim3(unsigned((rows + 7) / 8)), dim3(256), 0, stream>>>(pp);
-  err = cudaGetLastError();
   if (err != cudaSuccess) return int(err);
 
   dim3 grid = BwdTileScheduler::get_grid_shape(params.tile_scheduler);

@@ -3,7 +3,7 @@
 //   * prep: per query row, delta = rowsum(dO * O) in fp32 (minus the LSE's own gradient when the caller passes
 //     one: d lse / d s = P folds into dS = P (dP - delta + g_lse)), and LSE2 = LSE * log2(e), +inf where the
 //     forward's LSE is -inf (a row with no visible key), so the main kernel's exp2(S * scale * log2(e) - LSE2) is
-//     0 there instead of NaN. One warp per row, 16-byte loads.
+//     0 there instead of NaN; and the row's fp32 dQ accumulator zeroed. 16-byte loads, D / 8 threads per row.
 //   * convert: the fp32 dQ accumulator ((B, H, Sq, D), contiguous) into dQ in the caller's element type and
 //     strides, 8 elements per thread.
 #pragma once
@@ -22,34 +22,49 @@ struct PrepParams {
   const float* glse;       // same layout as lse, or null
   float* lse2;             // (B, H, >= Sq) strides out_b, out_h, 1
   float* delta;            // same layout as lse2
+  float* dq_acc;           // (B, H, Sq, D) contiguous: zeroed here, before the main kernel adds into it
+  int* dq_sem;             // deterministic kernels: (B, H, n_qtiles) dQ turn counters, zeroed here; else null
+  int n_qtiles;            // ceil(Sq / 64)
   long long o_b, o_h, o_s, do_b, do_h, do_s, lse_b, lse_h, out_b, out_h;
-  int heads, seq_q, head_dim;
+  int heads, seq_q;
   long long rows;          // B * H * Sq
 };
 
-template <class Element>
+// HeadDim / 8 threads per row, 8 elements (16 bytes of O and of dO) each, a shuffle reduction within the row's
+// threads; each also zeroes its 8 floats of the row's fp32 dQ accumulator, and the first thread of each 64-query
+// tile's first row its turn counter (deterministic kernels): no separate memset pass.
+template <class Element, int HeadDim>
 __global__ void __launch_bounds__(256) attn_bwd_prep_kernel(PrepParams p) {
-  long long row = (long long)blockIdx.x * 8 + threadIdx.x / 32;
-  int lane = threadIdx.x % 32;
-  if (row >= p.rows) return;
-  int s = int(row % p.seq_q);
-  long long bh = row / p.seq_q;
-  int h = int(bh % p.heads);
-  long long b = bh / p.heads;
-  auto o = static_cast<const Element*>(p.o) + b * p.o_b + h * p.o_h + s * p.o_s;
-  auto d = static_cast<const Element*>(p.dO) + b * p.do_b + h * p.do_h + s * p.do_s;
+  constexpr int kThreadsPerRow = HeadDim / 8;
+  static_assert(HeadDim % 8 == 0 && 32 % kThreadsPerRow == 0, "a row's threads sit inside one warp");
+  constexpr int kRowsPerBlock = 256 / kThreadsPerRow;
+  long long row = (long long)blockIdx.x * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
+  int c = (threadIdx.x % kThreadsPerRow) * 8;
+  bool valid = row < p.rows;
+  int s = 0, h = 0;
+  long long b = 0;
   float acc = 0.f;
-  for (int c = lane * 8; c < p.head_dim; c += 32 * 8) {
-    uint4 ov = *reinterpret_cast<const uint4*>(o + c);
-    uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+  if (valid) {
+    s = int(row % p.seq_q);
+    long long bh = row / p.seq_q;
+    h = int(bh % p.heads);
+    b = bh / p.heads;
+    auto o = static_cast<const Element*>(p.o) + b * p.o_b + h * p.o_h + s * p.o_s + c;
+    auto d = static_cast<const Element*>(p.dO) + b * p.do_b + h * p.do_h + s * p.do_s + c;
+    uint4 ov = *reinterpret_cast<const uint4*>(o);
+    uint4 dv = *reinterpret_cast<const uint4*>(d);
     const Element* oe = reinterpret_cast<const Element*>(&ov);
     const Element* de = reinterpret_cast<const Element*>(&dv);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < 8; ++i) acc += float(oe[i]) * float(de[i]);
+    float4* z = reinterpret_cast<float4*>(p.dq_acc + row * HeadDim + c);
+    z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+    z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (p.dq_sem != nullptr && c == 0 && s % 64 == 0) p.dq_sem[bh * p.n_qtiles + s / 64] = 0;
   }
   CUTLASS_PRAGMA_UNROLL
-  for (int m = 16; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-  if (lane == 0) {
+  for (int m = kThreadsPerRow / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+  if (valid && c == 0) {
     long long in = b * p.lse_b + h * p.lse_h + s;
     long long out = b * p.out_b + h * p.out_h + s;
     float lse = p.lse[in];

@@ -24,9 +24,12 @@ def test_every_named_config_renders(name, clean_cwd):
     assert 'extern "C" int bsk_launch(' in src
     assert 'extern "C" int bsk_smem_bytes()' in src
     assert f"// config: {cfg.to_json()}" in src
-    assert f"/*HeadDim=*/{cfg.head_dim}" in src
-    if cfg.family == "attn_fwd":
+    if cfg.family.startswith("attn_"):
+        assert f"/*HeadDim=*/{cfg.head_dim}" in src
+    if cfg.family in ("attn_fwd", "bsr_gemm"):
         assert f"/*Stages=*/{cfg.stages}" in src
+    if cfg.family == "bsr_gemm":
+        assert f"/*TileN=*/{cfg.tile_n}," in src and f"/*BlockM=*/{cfg.block_m}," in src
     assert cfg.dtype.cutlass_type in src
     assert "{{" not in src and "{%" not in src
     assert codegen.render(cfg) == src  # deterministic

@@ -1,5 +1,6 @@
-"""Split-KV on the CPU: the layout's plan and split schedule, the config rules, the fixed-order combine (fed with
-float64 pieces computed here, it must reproduce the reference), and the op's checks of a split schedule."""
+"""Split-KV on the CPU: the layout's plan and split schedule, the config rules, the combine's float64 reference (fed
+with float64 pieces computed here, it must reproduce the attention reference; the GPU tests hold the combine kernel
+to it), and the op's checks of a split schedule."""
 from __future__ import annotations
 
 import dataclasses
@@ -121,6 +122,27 @@ def _pieces_reference(q, k, v, lay, scale):
     return ws_o, ws_lse
 
 
+def combine_reference(o, lse, ws_o, ws_lse, split_sched, s: int, k: int, block_m: int) -> None:
+    """The combine kernel's job in float64, into o and lse in place: each split row's K pieces merged,
+    LSE = m + log sum exp(LSE_i - m), O = sum exp(LSE_i - LSE) O_i; pieces with LSE_i = -inf (no key) left out,
+    a row without any key O = 0, LSE = -inf; a NaN LSE_i makes the row NaN."""
+    B, H = o.shape[:2]
+    lw = ws_lse.double().view(B, H, s, k, block_m)
+    m = lw.amax(dim=3, keepdim=True)
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    w = torch.exp(lw - m)
+    total = w.sum(dim=3)
+    row_lse = m.squeeze(3) + torch.log(total)
+    seen = (lw != float("-inf")).unsqueeze(-1)
+    parts = torch.where(seen, w.unsqueeze(-1) * ws_o.double().view(B, H, s, k, block_m, -1), 0.0)
+    row_o = torch.where(total.unsqueeze(-1) == 0, 0.0, parts.sum(dim=3) / total.unsqueeze(-1))
+    for h in range(H):
+        rows = split_sched[0 if split_sched.shape[0] == 1 else h, :s * k:k, 0].tolist()
+        for i, r in enumerate(rows):
+            o[:, h, r * block_m:(r + 1) * block_m] = row_o[:, h, i].to(o.dtype)
+            lse[:, h, r * block_m:(r + 1) * block_m] = row_lse[:, h, i].to(lse.dtype)
+
+
 @pytest.mark.parametrize("heads", [1, 2])
 def test_combine_of_exact_pieces_reproduces_the_reference(heads):
     lay = global_rows(5120 + 77, heads=heads, band=0, n_random=1, seed=heads)  # the reference's size limit
@@ -139,11 +161,11 @@ def test_combine_of_exact_pieces_reproduces_the_reference(heads):
             assert r < lay.n_qblocks - 1  # the partial last block row is never split
             o[:, h, r * 128:(r + 1) * 128] = float("nan")
             lse[:, h, r * 128:(r + 1) * 128] = float("nan")
-    asplit.combine(o, lse, ws_o, ws_lse, lay.split_schedule(), s, kk, lay.block_m)
+    combine_reference(o, lse, ws_o, ws_lse, lay.split_schedule(), s, kk, lay.block_m)
     assert relative_error(o, ref_o) < 1e-12 and relative_error(lse, ref_lse) < 1e-6  # the reference LSE: fp32
 
 
-def test_combine_empty_and_nan_rows():
+def test_combine_reference_empty_and_nan_rows():
     lay = global_rows(32768)
     s, kk = lay.split_plan()
     ws_o = torch.zeros(1, 1, s * kk, 128, 4)
@@ -151,10 +173,32 @@ def test_combine_empty_and_nan_rows():
     ws_lse[0, 0, kk, 5] = float("nan")  # split row 1, row 5 of its block sees a NaN
     o = torch.full((1, 1, 32768, 4), 7.0)
     lse = torch.zeros(1, 1, 32768)
-    asplit.combine(o, lse, ws_o, ws_lse, lay.split_schedule(), s, kk, 128)
+    combine_reference(o, lse, ws_o, ws_lse, lay.split_schedule(), s, kk, 128)
     r0, r1 = lay.split_schedule()[0, :s * kk:kk, 0].tolist()
     assert (o[0, 0, r0 * 128:(r0 + 1) * 128] == 0).all() and (lse[0, 0, r0 * 128:(r0 + 1) * 128] == float("-inf")).all()
     assert torch.isnan(lse[0, 0, r1 * 128 + 5]) and torch.isnan(o[0, 0, r1 * 128 + 5]).all()
+    assert (o[0, 0, r1 * 128 + 6] == 0).all() and lse[0, 0, r1 * 128 + 6] == float("-inf")
+
+
+def global_and_empty_rows(s: int = 5120):
+    """Two heads: head 0 with 2 global rows and columns and a band; head 1 with one global row and nothing else,
+    so its second split row lists no block (its pieces are all empty)."""
+    nb = -(-s // 128)
+    r = torch.arange(nb)
+    m = torch.zeros(2, nb, nb, dtype=torch.bool)
+    m[0] = (r.unsqueeze(1) - r.unsqueeze(0)).abs() <= 1
+    m[0, :2, :] = True
+    m[0, :, :2] = True
+    m[1, 0, :] = True
+    return L.from_block_mask(m, seq_q=s, seq_k=s)
+
+
+def test_layout_with_an_empty_split_row():
+    lay = global_and_empty_rows()
+    s, kk = lay.split_plan()
+    assert s == 2
+    ss, counts = lay.split_schedule(), lay.row_ptr[:, 1:] - lay.row_ptr[:, :-1]
+    assert counts[1, ss[1, kk, 0]] == 0 and (ss[1, kk:2 * kk, 1] == ss[1, kk:2 * kk, 2]).all()  # all pieces empty
 
 
 def test_op_rejects_bad_split_arguments():

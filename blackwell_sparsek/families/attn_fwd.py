@@ -73,7 +73,7 @@ class AttentionConfig(KernelConfig):
         ("col_stride", "int"),
         ("window_left", "int"), ("window_right", "int"),
         ("scale", "float"), ("sm_count", "int"), ("rank_major", "int"),
-        ("ws_o", "float*"), ("ws_lse", "float*"), ("n_pieces", "int"),
+        ("ws_o", "float*"), ("ws_lse", "float*"), ("n_pieces", "int"), ("split_k", "int"),
     )
 
     def __post_init__(self) -> None:
@@ -216,11 +216,12 @@ class AttentionConfig(KernelConfig):
 
 
 def launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta: list[int], scale: float,
-                sm_count: int, ws_o=None, ws_lse=None, n_pieces: int = 0) -> dict[str, Any]:
+                sm_count: int, ws_o=None, ws_lse=None, n_pieces: int = 0, split_k: int = 0) -> dict[str, Any]:
     """Every field of the launcher's argument struct, by ABI name, from the op's tensors. meta = [window_left,
     window_right, n_kblocks, rank_major] of the layout (rank_major: rows differ in length, order tiles
     heaviest-first across heads). Split-KV: row_sched is the split schedule, whose first n_pieces entries per head
-    write to the workspace ws_o / ws_lse (fp32)."""
+    (split_k pieces for each of n_pieces / split_k split rows) write to the workspace ws_o / ws_lse (fp32), which
+    the launcher's combine then merges into o and lse."""
     B, H, Sq, D = q.shape
     qs, ks, vs, os_, ls = (_tma_strides(t) for t in (q, k, v, o, lse))
     return dict(
@@ -237,7 +238,7 @@ def launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta: list[int]
         window_left=meta[0], window_right=meta[1],
         scale=scale, sm_count=sm_count, rank_major=meta[3],
         ws_o=0 if ws_o is None else ws_o.data_ptr(), ws_lse=0 if ws_lse is None else ws_lse.data_ptr(),
-        n_pieces=n_pieces,
+        n_pieces=n_pieces, split_k=split_k,
     )
 
 

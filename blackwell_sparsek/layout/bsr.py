@@ -18,11 +18,8 @@ broadcasts. ``nq = ceil(seq_q / block_m)`` block rows, ``nk = ceil(seq_k / block
 
 What a kernel reads
 -------------------
-Not ``row_ptr``: a kernel's tile scheduler reads ``row_schedule()``, int32 ``[Hl, nq, 4]``, one 16-byte entry per
-block row in heaviest-first order ``(row, start, end, first)`` with ``first = column | kind << 24`` of the row's
-first block, and then the row's blocks ``col_idx[h, start:end]`` and ``block_kind[h, start:end]``. The same holds for
-``transpose()`` (the same type over the key axis: rows are key blocks), whose schedule runs the heaviest key columns
-first, for a backward pass or a GEMM walking columns.
+The row schedule (``schedule.py``: one 16-byte entry per block row, heaviest first) and the rows' blocks in
+``col_idx`` / ``block_kind``; for a layout with a few long rows, the split schedule (``split.py``).
 
 Views are derived from the one BSR on the layout's device and cached on it. On a CUDA device the views a kernel
 reads (the row schedule, the transpose and its schedule) are built when the layout is built there or moved there,
@@ -40,11 +37,9 @@ import torch
 
 from .._trusted import mark as _mark_checked
 from ..errors import LayoutError
-from . import split as _split
 from ._common import BOUNDS, FULL, MAX_DENSE_BLOCKS, RULE, as_int, as_window, cdiv, normalize_device, rule_desc
-
-# the row schedule packs a block column in 24 bits (column | kind << 24)
-MAX_SCHEDULE_KBLOCKS = 1 << 24
+from .schedule import MAX_SCHEDULE_KBLOCKS, build_row_schedule, packed_first, row_facts, sort_rows
+from .split import split_schedule as build_split_schedule
 # device types on which the views a kernel reads are built with the layout (elsewhere lazily, on first use)
 _EAGER_VIEW_DEVICES = ("cuda",)
 
@@ -376,18 +371,8 @@ class BsrBase:
 
     def _row_facts(self) -> None:
         """uniform_rows(), row_stats() and split_plan() from one reduction and one host sync."""
-        c = self.row_counts().double()
-        if c.numel() == 0:
-            self._cache["uniform_rows"], self._cache["row_stats"] = True, (0.0, 0.0, 0.0)
-            self._cache["split_plan"] = None
-            return
-        mean, top = c.mean(), c.amax()
-        cv = torch.where(mean > 0, c.std(unbiased=False) / mean.clamp(min=1e-30), torch.zeros_like(mean))
-        got = torch.stack([mean, cv, (c < top).double().mean(), c.amin() - top, *_split.facts(c, mean)]).tolist()
-        mean_, cv_, short_, low = got[:4]
-        self._cache["uniform_rows"] = low == 0
-        self._cache["row_stats"] = tuple(round(x, 4) for x in (mean_, cv_, short_))
-        self._cache["split_plan"] = _split.plan(self.n_qblocks, mean_, *got[4:], self._partial_last())
+        facts = row_facts(self.row_counts(), self._partial_last())
+        self._cache["uniform_rows"], self._cache["row_stats"], self._cache["split_plan"] = facts
 
     def _partial_last(self) -> bool:
         return self._seq_q % self._block_m != 0
@@ -408,39 +393,28 @@ class BsrBase:
             if sk is None:
                 raise LayoutError("this layout's rows are not skewed enough to split (split_plan() is None); use "
                                   "row_schedule()")
-            packed = self.col_idx | (self.block_kind.to(self.col_idx.dtype) << 24)
-            got = _split.split_schedule(self.row_counts(), self.row_ptr, self.row_schedule(), packed, *sk,
+            got = build_split_schedule(self.row_counts(), self.row_ptr, self.row_schedule(),
+                                        packed_first(self.col_idx, self.block_kind), *sk,
                                         self._partial_last())
             _mark_checked(got)
             self._cache["split_schedule"] = got
         return got
 
     def row_order(self) -> torch.Tensor:
-        """int32 [Hl, nq]: query-block rows by descending block count (stable: ties keep row order). Cached.
-        The kernel's scheduler runs the heaviest rows first."""
+        """int32 [Hl, nq]: query-block rows by descending block count, ties in row order (the kernel's). Cached."""
         got = self._cache.get("row_order")
         if got is None:
-            got = torch.sort(self.row_counts(), dim=1, descending=True, stable=True).indices.to(torch.int32)
+            got = sort_rows(self.row_counts())
             self._cache["row_order"] = got
         return got
 
     def row_schedule(self) -> torch.Tensor:
-        """int32 [Hl, nq, 4], contiguous: per query-block row in ``row_order()``, (row, start, end, first), with
-        ``col_idx[start:end]`` the row's blocks and first = column | kind << 24 of its first block (0 for an empty
-        row). Cached. The kernel's tile scheduler reads one 16-byte entry per tile, so no dependent index load stands
-        before a row's first K/V load or its first softmax step."""
+        """int32 [Hl, nq, 4], contiguous: (row, start, end, first) per query-block row in ``row_order()``
+        (``schedule.py``), what the kernel's tile scheduler reads, one 16-byte entry a tile. Cached."""
         got = self._cache.get("row_schedule")
         if got is None:
-            if self.n_kblocks > MAX_SCHEDULE_KBLOCKS:
-                raise LayoutError(f"{self.n_kblocks} key blocks: the kernel's row schedule holds a block column in "
-                                  f"24 bits (at most {MAX_SCHEDULE_KBLOCKS}); use larger blocks")
-            order = self.row_order().long()
-            start = torch.gather(self.row_ptr[:, :-1], 1, order)
-            end = torch.gather(self.row_ptr[:, 1:], 1, order)
-            at = start.clamp(max=self.col_idx.shape[1] - 1).long()  # an empty last row starts past the end
-            packed = self.col_idx | (self.block_kind.to(self.col_idx.dtype) << 24)
-            first = torch.where(end > start, torch.gather(packed, 1, at), torch.zeros_like(start))
-            got = torch.stack([order.to(torch.int32), start, end, first], dim=2)  # int32 like row_ptr, contiguous
+            got = build_row_schedule(self.row_ptr, self.col_idx, self.block_kind, self.row_order(),
+                                         self.n_kblocks)
             _mark_checked(got)
             self._cache["row_schedule"] = got
         return got

@@ -3,9 +3,9 @@
 A long row is one CTA's serial loop; when it is much longer than the average row it ends last and leaves SMs idle.
 The plan splits the ``S`` longest rows of every layout head into ``K`` pieces each, over fixed sub-ranges of the
 row's blocks, and the kernel runs every piece as its own tile, writing a partial O (fp32, normalized by the piece's
-own sum) and the piece's LSE to a workspace; a fixed-order combine (``ops/attention_split.py``) merges the ``K``
-pieces of a row into O and LSE. Exact (fp32 partials, the LSE-weighted sum) and deterministic (fixed split points,
-fixed combine order, no atomics).
+own sum) and the piece's LSE to a workspace; a fixed-order combine kernel (``bsk/sm90/split_kv.hpp``, launched
+with it) merges the ``K`` pieces of a row into O and LSE. Exact (fp32 partials, the LSE-weighted sum) and
+deterministic (fixed split points, fixed combine order, no atomics).
 
 The split schedule, int32 ``[Hl, E, 4]`` with ``E = nq - S + S * K``, has the row schedule's entries
 ``(row, start, end, first)``: entries ``[s * K, s * K + K)`` are the pieces of split row ``s`` (rows by descending

@@ -1,13 +1,14 @@
 """Split-KV forward (layouts whose row lengths are skewed, layout/split.py): the ``blackwell_sparsek::attn_fwd_split``
-custom op, its fixed-order combine and its autograd (the backward of ``attn_fwd``: it reads the same O and LSE).
+custom op and its autograd (the backward of ``attn_fwd``: it reads the same O and LSE).
 
-The kernel (a ``split_kv`` config) runs the layout's ``split_schedule()``: the first ``S * K`` entries of every head
-are ``K`` pieces of each of its ``S`` longest rows, each writing its O (fp32, normalized by its own sum) and LSE to a
-workspace ``[B, H, S, K, block_m, D]`` / ``[B, H, S, K, block_m]``; the other rows write O and LSE as usual. The
-combine then merges every split row's pieces: ``LSE = m + log(sum_i exp(LSE_i - m))`` with ``m = max_i LSE_i``,
-``O = sum_i exp(LSE_i - LSE) O_i``, in fp32, reduced over the piece axis in a fixed order (no atomics: bitwise
-deterministic), and scatters the rows into O and LSE. A row whose pieces see no key gives O = 0, LSE = -inf; a NaN
-piece makes the row NaN.
+One launcher call runs two kernels on the current stream (templates/include/bsk/sm90/split_kv.hpp). The main kernel
+(a ``split_kv`` config) runs the layout's ``split_schedule()``: the first ``S * K`` entries of every head are ``K``
+pieces of each of its ``S`` longest rows, each writing its O (fp32, normalized by its own sum) and LSE to a workspace
+``[B, H, S, K, block_m, D]`` / ``[B, H, S, K, block_m]``; the other rows write O and LSE as usual. The combine kernel
+then merges every split row's pieces: ``LSE = m + log(sum_i exp(LSE_i - m))`` with ``m = max_i LSE_i``,
+``O = sum_i exp(LSE_i - LSE) O_i``, in fp32, over the pieces in a fixed order (no atomics: bitwise deterministic),
+into O (its dtype and strides) and LSE. A row whose pieces see no key gives O = 0, LSE = -inf; a NaN piece makes
+the row NaN.
 """
 from __future__ import annotations
 
@@ -69,54 +70,33 @@ def check_split_values(row_sched: torch.Tensor, split_sched: torch.Tensor, s: in
                          "order): pass one layout's row_schedule() and split_schedule()")
 
 
-def combine(o, lse, ws_o, ws_lse, split_sched, s: int, k: int, block_m: int) -> None:
-    """Merge the pieces of the split rows (module docstring) into o and lse, in place, on their stream. Few ops
-    (each a launch): the combine's cost is mostly the host's."""
-    B, H, Sq, D = o.shape
-    hl = split_sched.shape[0]
-    lw = ws_lse.view(B, H, s, k, block_m)
-    top = lw.amax(dim=3, keepdim=True).clamp_(min=-3.0e38)  # no key in any piece: finite, so the weights are 0
-    w = torch.exp(lw - top)
-    total = w.sum(dim=3)
-    row_lse = top.squeeze(3) + torch.log(total)
-    row_o = (ws_o.view(B, H, s, k, block_m, D) * w.unsqueeze(-1)).sum(dim=3)
-    row_o.div_(total.clamp(min=1e-30).unsqueeze(-1))  # total 0: row_o is 0 (empty or fully masked pieces)
-    rows = split_sched[:, 0:s * k:k, 0].long()  # [Hl, S]
-    nfull = Sq // block_m  # split rows are whole block rows (never the partial last one)
-    o_rows = o.narrow(2, 0, nfull * block_m).unflatten(2, (nfull, block_m))
-    lse_rows = lse.narrow(2, 0, nfull * block_m).unflatten(2, (nfull, block_m))
-    if hl == 1:
-        o_rows.index_copy_(2, rows[0], row_o.to(o.dtype))
-        lse_rows.index_copy_(2, rows[0], row_lse)
-    else:
-        heads = torch.arange(H, device=rows.device).unsqueeze(1)
-        o_rows[:, heads, rows] = row_o.to(o.dtype)
-        lse_rows[:, heads, rows] = row_lse
+def workspace(B: int, H: int, n_pieces: int, block_m: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pieces' fp32 O [B, H, n_pieces, block_m, D] and LSE [B, H, n_pieces, block_m] (16-byte aligned)."""
+    return (torch.empty((B, H, n_pieces, block_m, D), dtype=torch.float32, device=device),
+            torch.empty((B, H, n_pieces, block_m), dtype=torch.float32, device=device))
 
 
 def launch_split(q, k, v, col_idx, block_kind, split_sched, meta, split, scale, config_json):
-    """Allocate O, LSE and the workspace, launch the split kernel, combine. Arguments already checked."""
+    """Allocate O, LSE and the workspace; launch the split kernel and its combine. Arguments already checked."""
     s, kk = split
     cfg = dispatch.config_from_json(config_json)
     kernel = _fwd._kernel_for(config_json)
     B, H, Sq, D = q.shape
     o = torch.empty_like(q)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
-    ws_o = torch.empty((B, H, s * kk, cfg.block_m, D), dtype=torch.float32, device=q.device)
-    ws_lse = torch.empty((B, H, s * kk, cfg.block_m), dtype=torch.float32, device=q.device)
+    ws_o, ws_lse = workspace(B, H, s * kk, cfg.block_m, D, q.device)
     if _fwd._poison():
         for t in (o, lse, ws_o, ws_lse):
             t.fill_(float("nan"))
     dev = q.device.index
     dispatch.check_device(config_json, dev)
     args = kernel.Args(**launch_args(q, k, v, o, lse, col_idx, block_kind, split_sched, meta, scale,
-                                     dispatch.sm_count(dev), ws_o, ws_lse, s * kk))
+                                     dispatch.sm_count(dev), ws_o, ws_lse, s * kk, kk))
     if dev == torch.cuda.current_device():
         kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
     else:
         with torch.cuda.device(dev):
             kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
-    combine(o, lse, ws_o, ws_lse, split_sched, s, kk, cfg.block_m)  # torch ops: on the tensors' device, current stream
     return o, lse
 
 

@@ -18,8 +18,8 @@ namespace bsk {
 
 // TileM 128: two MMA warpgroups and a producer warp (cooperative, or persistent ping-pong); TileM 64: one
 // warpgroup per CTA that loads for itself (BsrMainloopSingle), or (Dual) two independent 64-row streams per
-// persistent CTA (BsrKernelDual). SplitKV (two-warpgroup shells only): pieces of long rows write to a workspace
-// (split_kv.hpp).
+// persistent CTA (BsrKernelDual). SplitKV (two-warpgroup shells only): pieces of long rows write to a workspace,
+// which a second kernel, launched right after, merges into O and LSE (split_kv.hpp).
 template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
           bool Persistent, int CtasPerSm, bool Dual = false, bool SplitKV = false>
 struct AttnFwdTraits {
@@ -88,9 +88,12 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
   if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.o) || !aligned16(a.row_sched))
     return kErrMisaligned;
 
-  // split-KV: n_pieces schedule entries per layout head are pieces, each a workspace tile of BlockM rows
+  // split-KV: n_pieces schedule entries per layout head are pieces (split_k for each split row), each a workspace
+  // tile of BlockM rows
   if constexpr (Traits::kSplit) {
-    if (a.n_pieces < 1 || a.n_pieces > a.n_qblocks || a.ws_o == nullptr || a.ws_lse == nullptr) return kErrBadShape;
+    if (a.n_pieces < 1 || a.n_pieces > a.n_qblocks || a.split_k < 1 || a.n_pieces % a.split_k != 0 ||
+        a.ws_o == nullptr || a.ws_lse == nullptr)
+      return kErrBadShape;
     if (!aligned16(a.ws_o) || !aligned16(a.ws_lse)) return kErrMisaligned;
   }
 
@@ -141,7 +144,12 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
   dim3 grid = BsrTileScheduler::get_grid_shape(params.tile_scheduler);
   dim3 block(Named::MaxThreadsPerBlock, 1, 1);
   cutlass::device_kernel<Named><<<grid, block, smem, stream>>>(params);
-  return int(cudaGetLastError());
+  err = cudaGetLastError();
+  if constexpr (Traits::kSplit) {
+    if (err != cudaSuccess) return int(err);
+    return split_combine_launch<Element, Traits::kHeadDim, Traits::kBlockM>(a, stream);  // merge the pieces
+  }
+  return int(err);
 }
 
 }  // namespace bsk

@@ -193,6 +193,16 @@ class CompiledKernel:
             raise err
 
 
+    def launch_on(self, struct: ctypes.Structure, device: int) -> None:
+        """Launch with ``struct`` on torch's current stream of CUDA device ``device`` (its raw handle), switching
+        the current device only when it differs, as the ops do for tensors on another GPU."""
+        import torch
+        if device == torch.cuda.current_device():
+            self.launch(struct, torch._C._cuda_getCurrentRawStream(device))
+        else:
+            with torch.cuda.device(device):
+                self.launch(struct, torch._C._cuda_getCurrentRawStream(device))
+
 # -- device facts ----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

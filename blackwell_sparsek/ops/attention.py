@@ -99,12 +99,7 @@ def _launch(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json) -
     dispatch.check_device(config_json, dev)
     args = kernel.Args(**launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta, scale,
                                      dispatch.sm_count(dev)))
-    # on q's device and torch's current stream there (the raw handle of torch.cuda.current_stream(dev))
-    if dev == torch.cuda.current_device():
-        kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
-    else:
-        with torch.cuda.device(dev):
-            kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
+    kernel.launch_on(args, dev)  # torch's current stream on q's device
     return o, lse
 
 

@@ -218,11 +218,7 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
     from . import dispatch
     dispatch.check_device(config_json, dev)  # arch and shared memory, once per (config, device)
     args = kernel.Args(**fields)
-    if dev == torch.cuda.current_device():
-        kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
-    else:
-        with torch.cuda.device(dev):
-            kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
+    kernel.launch_on(args, dev)  # torch's current stream on q's device
     if gqa:
         g = H // Hkv
         dk_out, dv_out = torch.empty_like(k), torch.empty_like(v)

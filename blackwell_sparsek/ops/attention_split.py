@@ -92,11 +92,7 @@ def launch_split(q, k, v, col_idx, block_kind, split_sched, meta, split, scale, 
     dispatch.check_device(config_json, dev)
     args = kernel.Args(**launch_args(q, k, v, o, lse, col_idx, block_kind, split_sched, meta, scale,
                                      dispatch.sm_count(dev), ws_o, ws_lse, s * kk, kk))
-    if dev == torch.cuda.current_device():
-        kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
-    else:
-        with torch.cuda.device(dev):
-            kernel.launch(args, torch._C._cuda_getCurrentRawStream(dev))
+    kernel.launch_on(args, dev)  # torch's current stream on q's device
     return o, lse
 
 

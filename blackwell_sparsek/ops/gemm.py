@@ -10,8 +10,8 @@ Ops (``torch.ops.blackwell_sparsek.*``); a sparse operand is passed as its layou
 ``sdd``         values [nnz, bm, bn] of alpha · (a · b) on a layout over (M, N). Differentiable:
                 da = alpha · S·bᵀ (a DSD), db = alpha · (Sᵀ·a)ᵀ (the transposed DSD).
 
-On CUDA tensors the kernels of ``_gemm_cuda`` run (family ``bsr_gemm``); elsewhere, or when that module or nvcc is
-missing (with a one-time warning), the float64 reference of ``blackwell_sparsek.reference``, after the very same
+On CUDA tensors the kernels of ``_gemm_cuda`` run (family ``bsr_gemm``); elsewhere, or when nvcc is missing (with
+a one-time warning), the float64 reference of ``blackwell_sparsek.reference``, after the very same
 checks (``_gemm_checks``). A raw op call rebuilds (and so validates) the layout from its tensors unless they are
 the tensors of a layout the public API handed to it recently.
 """
@@ -28,7 +28,7 @@ from ..errors import InputError, LayoutError, ToolchainError
 from ..matrix import BlockSparseMatrix
 from . import _gemm_checks as chk
 
-__all__ = ["bsr_matmul", "sampled_matmul", "kernels_available"]
+__all__ = ["bsr_matmul", "sampled_matmul"]
 
 # -- layouts of raw op calls -------------------------------------------------------------------------------------
 
@@ -69,20 +69,6 @@ def _op_layout(row_ptr, col_idx, block_kind, geom, device):
 _warned = False
 
 
-def _cuda_module():
-    """``_gemm_cuda`` (the kernel helper's launcher module), or None when this build has none."""
-    try:
-        from . import _gemm_cuda
-    except ImportError:
-        return None
-    return _gemm_cuda
-
-
-def kernels_available() -> bool:
-    """Whether CUDA tensors run the GEMM kernels (else the reference, with a warning)."""
-    return _cuda_module() is not None
-
-
 def _fallback_warning(reason: str) -> None:
     global _warned
     if not _warned:
@@ -98,10 +84,7 @@ def _kernel(t: torch.Tensor):
     """The kernel module for tensors on t's device, or None (the reference runs; off the CPU with a warning)."""
     if not t.is_cuda:
         return None
-    mod = _cuda_module()
-    if mod is None:
-        _fallback_warning("this build has no block-sparse GEMM kernels (ops/_gemm_cuda.py)")
-        return None
+    from . import _gemm_cuda as mod
     cap = torch.cuda.get_device_capability(t.device)
     if tuple(cap) != _KERNEL_CAPABILITY:
         _fallback_warning(f"the GEMM kernels run on sm_90 (H100/H200), this device is sm_{cap[0]}{cap[1]}")

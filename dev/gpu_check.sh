@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a release needs from a GPU machine without network, in one call, from the repo root (a copy carrying
-# .whl/ with the nvidia-cutlass wheel):  OUT=<dir> bash dev/gpu_check.sh
+# .whl/ with the nvidia-cutlass wheel):  OUT=<dir> [BSK_CACHE_TGZ=<tar.gz of a prebuilt cache>] bash dev/gpu_check.sh
 # Builds every kernel the GPU tests and benches use (dev/prebuild.py, 16 nvcc in parallel), runs every GPU test of
 # every family, then the benches that decide schedule defaults (GEMM schedule variants, split-KV). Logs and JSON go
 # to $OUT; the test summary and the bench tables come last.
@@ -8,6 +8,8 @@ set -o pipefail
 OUT=${OUT:-/tmp/bsk_gpu_check}; mkdir -p "$OUT"
 source dev/gpu_session.sh
 export BSK_CACHE_DIR=$PWD/.bskcache; mkdir -p -m 700 "$BSK_CACHE_DIR"
+# kernels prebuilt on a CPU host (dev/prebuild.py), packed: the carried tree is size-limited and .so files pack 3x
+if [ -n "$BSK_CACHE_TGZ" ]; then tar -xzf "$BSK_CACHE_TGZ" -C "$BSK_CACHE_DIR" || exit 1; fi
 t0=$(date +%s)
 python dev/prebuild.py -j 16 2>&1 | tail -3 | tee "$OUT/build.txt" || { echo "BUILD FAILED"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/build.txt"

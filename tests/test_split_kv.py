@@ -221,3 +221,16 @@ def test_op_rejects_bad_split_arguments():
         asplit.attn_fwd_split(*args, lay.split_schedule(), meta, [s, kk], 0.125, plain.to_json())
     with pytest.raises(InputError, match="CUDA"):  # a good call on CPU tensors: everything checked, then refused
         asplit.attn_fwd_split(*args, lay.split_schedule(), meta, [s, kk], 0.125, cfg.to_json())
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_split_decision_traces_under_dynamo(split):
+    """sparse_attention asks dispatch.is_split(config_json) inside the compiled region; the JSON parse must be a
+    trace-time constant (it broke fullgraph compilation of every CUDA call once)."""
+    from blackwell_sparsek.ops import dispatch
+    cfg = dispatch.default_config(128, torch.bfloat16, global_rows(5120, band=0, n_random=1, seed=3))
+    assert cfg.split_kv
+    text = (cfg if split else dataclasses.replace(cfg, split_kv=False)).to_json()
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x * 2 if dispatch.is_split(text) else x * 3, fullgraph=True, backend="eager")
+    assert f(torch.ones(2)).tolist() == ([2.0, 2.0] if split else [3.0, 3.0])

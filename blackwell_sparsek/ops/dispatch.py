@@ -83,9 +83,15 @@ def _split_config(cfg: AttentionConfig) -> AttentionConfig:
     return dataclasses.replace(cfg, split_kv=True).validate()
 
 
-@lru_cache(maxsize=None)
+@torch.compiler.assume_constant_result
 def is_split(config_json: str) -> bool:
-    """Whether the config (JSON) runs split-KV (the attn_fwd_split op)."""
+    """Whether the config (JSON) runs split-KV (the attn_fwd_split op); a trace-time constant under torch.compile
+    (dynamo cannot trace the JSON parse)."""
+    return _is_split(config_json)
+
+
+@lru_cache(maxsize=None)
+def _is_split(config_json: str) -> bool:
     return bool(getattr(config_from_json(config_json), "split_kv", False))
 
 

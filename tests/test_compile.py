@@ -99,6 +99,25 @@ def test_headers_hash_follows_content(tmp_path):
     assert compiler.headers_hash(tmp_path / "inc") != h1
 
 
+def test_headers_hash_of_a_source_covers_what_it_includes(tmp_path):
+    inc = tmp_path / "inc"
+    (inc / "bsk" / "x").mkdir(parents=True)
+    (inc / "bsk" / "a.hpp").write_text('#include "x/b.hpp"\n#include "cutlass/cutlass.h"\nint a;')
+    (inc / "bsk" / "x" / "b.hpp").write_text('#include "bsk/c.hpp"\nint b;')  # b.hpp's folder, then the root
+    (inc / "bsk" / "c.hpp").write_text("int c;")
+    (inc / "bsk" / "other.hpp").write_text("int o;")
+    src = '#include "bsk/a.hpp"\n'
+    h1 = compiler.headers_hash(inc, source=src)
+    assert h1 != compiler.headers_hash(inc) and h1 != compiler.headers_hash(inc, source='#include "bsk/c.hpp"')
+    (inc / "bsk" / "other.hpp").write_text("int other;")  # not included: the key stays
+    assert compiler.headers_hash(inc, source=src) == h1
+    (inc / "bsk" / "c.hpp").write_text("int cc;")  # included through two headers: the key moves
+    h2 = compiler.headers_hash(inc, source=src)
+    assert h2 != h1
+    (inc / "bsk" / "x" / "b.hpp").write_text('#include "bsk/c.hpp"\nint bb;')
+    assert compiler.headers_hash(inc, source=src) not in (h1, h2)
+
+
 def test_first_error_lines():
     log = "warning: x\nkernel.cu(3): error: bad thing\n  detected during instantiation\n\nmore\n"
     lines = compiler.first_error_lines(log)

@@ -203,24 +203,50 @@ def tree_signature(dirs: tuple[Path, ...]) -> str:
     return digest
 
 
-_headers_memo: dict[str, tuple[tuple, str]] = {}
+_headers_memo: dict[tuple, tuple[tuple, str]] = {}
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
 
-def headers_hash(directory: Path | None = None) -> str:
-    """sha256 over the content of our own headers (templates/include); re-read only when a file's stat changes."""
-    d = Path(directory or include_dir())
-    files = sorted(p for p in d.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if d.is_dir() else []
+def _included_headers(d: Path, source: str) -> list[Path]:
+    """Our headers that ``source`` includes, directly or through each other: quoted includes resolved as the
+    preprocessor does (the including file's folder, then ``d``); anything else (CUTLASS, system) is left out."""
+    seen: dict[Path, None] = {}
+    todo = [(None, name) for name in _INCLUDE_RE.findall(source)]
+    while todo:
+        here, name = todo.pop()
+        for base in ((here,) if here is not None else ()) + (d,):
+            p = (base / name).resolve()
+            if p.is_file() and d in p.parents:
+                if p not in seen:
+                    seen[p] = None
+                    todo += [(p.parent, n) for n in _INCLUDE_RE.findall(p.read_text(errors="replace"))]
+                break
+    return sorted(seen)
+
+
+def headers_hash(directory: Path | None = None, source: str | None = None) -> str:
+    """sha256 over the content of our own headers (templates/include): those ``source`` includes (transitively)
+    when it is given, so an edit to one family's headers leaves the other families' cache keys as they were;
+    every header when not. Re-read only when a file's stat changes."""
+    d = Path(directory or include_dir()).resolve()
+    if not d.is_dir():
+        files = []
+    elif source is None:
+        files = sorted(p for p in d.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    else:
+        files = _included_headers(d, source)
     stat_sig = tuple((str(p.relative_to(d)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
-    memo = _headers_memo.get(str(d))
+    memo_key = (str(d), None if source is None else hashlib.sha256(source.encode()).hexdigest())
+    memo = _headers_memo.get(memo_key)
     if memo is not None and memo[0] == stat_sig:
         return memo[1]
     h = hashlib.sha256()
-    for p in files:
-        h.update(str(p.relative_to(d)).encode() + b"\0")
+    for (rel, _, _), p in zip(stat_sig, files):
+        h.update(rel.encode() + b"\0")
         h.update(p.read_bytes())
         h.update(b"\0")
     digest = h.hexdigest()
-    _headers_memo[str(d)] = (stat_sig, digest)
+    _headers_memo[memo_key] = (stat_sig, digest)
     return digest
 
 
@@ -248,16 +274,17 @@ def include_dirs(config: KernelConfig) -> list[Path]:
     return [include_dir(), *cutlass_paths().include_dirs(config.includes)]
 
 
-def toolchain_fingerprint(config: KernelConfig) -> dict[str, object]:
+def toolchain_fingerprint(config: KernelConfig, source: str | None = None) -> dict[str, object]:
     """What besides the source decides the binary: nvcc (full version text), CUTLASS (version + the include trees
-    the family uses), our headers (content) and the flags. Each part is memoized per process."""
+    the family uses), our headers (the content of those ``source`` includes; all of them without a source) and the
+    flags. Each part is memoized per process."""
     nvcc = find_nvcc()
     paths = cutlass_paths()
     return {
         "nvcc_version": nvcc_version(nvcc),
         "cutlass_version": cutlass_version(paths),
         "cutlass_tree": tree_signature(tuple(paths.include_dirs(config.includes))),
-        "bsk_headers": headers_hash(),
+        "bsk_headers": headers_hash(source=source),
         "flags": nvcc_flags(config.arch),
         "arch": config.arch.name,
     }

@@ -63,7 +63,7 @@ def key_material(config: KernelConfig, source: str | None = None,
     if source is None:
         source = render(config)
     if fingerprint is None:
-        fingerprint = compiler.toolchain_fingerprint(config)
+        fingerprint = compiler.toolchain_fingerprint(config, source)
     return {
         "config": config.to_json(),
         "source_sha256": _sha256_text(source),
@@ -135,7 +135,7 @@ def ensure_built(config: KernelConfig, *, progress: bool | None = None) -> Cache
     config.validate()
     source = render(config)
     try:
-        fingerprint = compiler.toolchain_fingerprint(config)
+        fingerprint = compiler.toolchain_fingerprint(config, source)
     except ToolchainError as e:
         if jit_disabled():
             found = _find_without_toolchain(config, source)

@@ -37,14 +37,15 @@ def test_family_registered_and_round_trips():
 
 def test_named_configs_valid_and_named_by_kernel():
     named = fam.named_configs()
-    assert len(named) == 8
+    assert len(named) == 12
     facts = set()
     for stem, cfg in named.items():
         assert cfg.problems() == []
         assert stem == cfg.config_name and cfg.kernel_name.startswith(stem + "_")
         assert re.fullmatch(r"[0-9a-f]{12}", cfg.kernel_name[len(stem) + 1:])
-        facts.add((cfg.head_dim, cfg.dtype, cfg.deterministic))
-    assert facts == {(d, t, det) for d in (64, 128) for t in (DType.FP16, DType.BF16) for det in (False, True)}
+        facts.add((cfg.head_dim, cfg.dtype, cfg.deterministic, cfg.dq_split))
+    assert facts == {(d, t, det, s) for d in (64, 128) for t in (DType.FP16, DType.BF16) for det in (False, True)
+                     for s in ((False, True) if d == 128 else (False,))}
     assert len({c.kernel_name for c in named.values()}) == len(named)
 
 
@@ -55,6 +56,7 @@ def test_named_configs_valid_and_named_by_kernel():
     (dict(block_m=96), "block_m 96 must be a positive multiple of 64"),
     (dict(tile_m=128), "tile_m=64, tile_n=128"),
     (dict(arch="sm100a"), "use arch='sm90a'"),
+    (dict(head_dim=64, dq_split=True), "dq_split needs head_dim=128"),
 ])
 def test_invalid_configs_name_the_fix(change, words):
     cfg = dataclasses.replace(AttnBwdConfig(), **change)
@@ -76,11 +78,25 @@ def test_deterministic_is_its_own_kernel():
     fast, det = AttnBwdConfig(), AttnBwdConfig(deterministic=True)
     assert det.kernel_name != fast.kernel_name and "_b128x128_det_" in det.kernel_name
     assert "/*Deterministic=*/true" in render(det) and "/*Deterministic=*/false" in render(fast)
-    assert fam.config_for(128, DType.FP16, 128, 128, True) == det
+    assert fam.config_for(128, DType.FP16, 128, 128, True, dq_split=False) == det
     with pytest.raises(InvalidConfigError, match="deterministic must be a bool"):
         AttnBwdConfig(deterministic=1)
     fwd = AttentionConfig(head_dim=128, tile_n=64, stages=2).to_json()
     assert AttnBwdConfig.from_json(ab.bwd_config_json(fwd, True)).deterministic
+
+
+def test_dq_split_is_its_own_kernel_and_the_d128_default():
+    plain, split = AttnBwdConfig(), AttnBwdConfig(dq_split=True)
+    assert "_dqs_" in split.kernel_name and "_dqs" not in plain.kernel_name
+    assert "dq_split" not in json.loads(plain.to_json())  # configs from before the field keep their names
+    assert "/*DqSplit=*/true" in render(split) and "/*DqSplit=*/false" in render(plain)
+    assert fam.config_for(128, DType.BF16, 128, 128).dq_split is fam.DQ_SPLIT_DEFAULT
+    assert fam.config_for(64, DType.BF16, 128, 128).dq_split is False  # D = 64 cannot split
+    assert fam.config_for(128, DType.BF16, 128, 128, dq_split=False).dq_split is False
+    with pytest.raises(InvalidConfigError, match="dq_split must be a bool"):
+        AttnBwdConfig(dq_split="yes")
+    fwd = AttentionConfig(head_dim=128, tile_n=64, stages=2).to_json()
+    assert AttnBwdConfig.from_json(ab.bwd_config_json(fwd, False, True)).dq_split
 
 
 def test_deterministic_from_meta():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -57,7 +58,7 @@ def _time(fn: Callable[[], Any]) -> float:
 class BwdCall:
     """One backward op call on a finished forward (inputs, O, LSE, dO kept), ready to time."""
 
-    def __init__(self, layout, B, H, S, D, dtype, det=False, seed=0):
+    def __init__(self, layout, B, H, S, D, dtype, det=False, seed=0, dq_split=None):
         import torch
         import blackwell_sparsek as bsk
         import blackwell_sparsek.ops.attention_bwd as ab
@@ -67,7 +68,7 @@ class BwdCall:
         self.o, self.lse = bsk.sparse_attention(self.q, self.k, self.v, self.layout, return_lse=True)
         fwd_json, dlay = _eager_plan(self.layout, None, D, dtype, self.q.device)
         self.args = (self.q, self.k, self.v, self.o, self.lse, self.do, None, dlay.col_idx, dlay.block_kind,
-                     dlay.row_schedule(), _meta(dlay), 1.0 / math.sqrt(D), ab.bwd_config_json(fwd_json, det))
+                     dlay.row_schedule(), _meta(dlay), 1.0 / math.sqrt(D), ab.bwd_config_json(fwd_json, det, dq_split))
         self.op = ab.attn_bwd
         self.flops = _flops(dlay, B, H, D, 2.5)
         self.op(*self.args)  # builds the kernel, caches the transposed view
@@ -206,6 +207,16 @@ def run_case(c: dict[str, Any], rows: list[dict[str, Any]], notes: dict[str, Any
 
     call = BwdCall(layout, B, H, S, D, dt)
     t_ours = _time(call)
+    if D == 128:  # the other dQ schedule, timed in alternation with the default
+        from blackwell_sparsek.families.attn_bwd import DQ_SPLIT_DEFAULT
+        alt = BwdCall(layout, B, H, S, D, dt, dq_split=not DQ_SPLIT_DEFAULT)
+        t_def, t_alt = [t_ours], []
+        for _ in range(2):
+            t_alt.append(_time(alt))
+            t_def.append(_time(call))
+        t_ours = statistics.median(t_def)
+        add(f"bsk bwd dq_split={not DQ_SPLIT_DEFAULT}", statistics.median(t_alt), call.flops)
+        del alt
     add("bsk bwd", t_ours, call.flops)
     key = f"{c['name']}_{_dt(dt)}"
     if c.get("extras") or c.get("host"):

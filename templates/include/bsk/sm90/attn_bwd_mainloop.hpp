@@ -20,15 +20,19 @@
 #include "collective/fmha_fusion.hpp"
 
 #include "bsk/sm90/attn_bwd_common.hpp"
+#include "bsk/sm90/attn_bwd_dq.hpp"
 
 namespace bsk::bwd {
 
 namespace fmha_c = cutlass::fmha::collective;
 
-// Named barrier (CUTLASS user id; NamedBarrier adds the reserved count): both MMA warpgroups done with the mainloop.
-enum : uint32_t { kBarMmaDone = 0 };
+// Named barriers (CUTLASS user ids; NamedBarrier adds the reserved count): both MMA warpgroups done with the
+// mainloop; split dQ: both dS halves in shared memory, and warpgroup w's half free again (kBarDsFree + w).
+enum : uint32_t { kBarMmaDone = 0, kBarDsReady = 1, kBarDsFree = 2 };
 
-template <class Element, int HeadDim, int BlockM, int BlockN, bool Deterministic>
+// DqSplit: each MMA warpgroup computes half of dQ's columns (dQ[:, w*D/2 : (w+1)*D/2] = dS · K[:, half]) instead of
+// warpgroup 1 computing all of it, so both run five GEMMs of 64 x 64 x D per 64-query tile instead of four and six.
+template <class Element, int HeadDim, int BlockM, int BlockN, bool Deterministic, bool DqSplit = false>
 struct BwdMainloop
     : fmha_c::FmhaBwdMainloopTmaWarpSpecialized<Element, float, Shape<_64, _128, Int<HeadDim>>,
                                                 fmha_c::DefaultFusion> {
@@ -75,6 +79,16 @@ struct BwdMainloop
   static constexpr int kTileK = 128;                 // keys per CTA
   static constexpr int kTilesPerBlockM = BlockM / kTileQ;
   static constexpr int kTilesPerBlockN = BlockN / kTileK;
+  static constexpr bool kDeterministic = Deterministic;
+
+  // Split dQ: a (64 queries, D/2, 64 keys) GEMM per warpgroup and dS half, with the operand majors of the whole
+  // dQ GEMM (dS M-major, K as the B operand N-major); its B operand is one half of K's columns in shared memory,
+  // whole 64-column swizzle atoms (hence D = 128 only).
+  static_assert(!DqSplit || HeadDim == 128, "split dQ halves D into 64-column swizzle atoms");
+  static constexpr int kHalfD = DqSplit ? HeadDim / 2 : HeadDim;
+  using TileShapeMDh = Shape<_64, Int<kHalfD>, _64>;
+  using TiledMmaMDh = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, TileShapeMDh, GMMA::Major::MN, GMMA::Major::MN>()));
 
   using StrideQKV = cute::tuple<int, _1, cute::tuple<int, int>>;  // (seq, head_dim, (batch, head))
 
@@ -201,83 +215,20 @@ struct BwdMainloop
     for (int i = 1; i < n_inner; ++i) load_inner(i, true, true);
   }
 
-  // Reducer warp: each 64-query dQ tile the MMA warpgroups leave in shared memory goes to the fp32 accumulator by
-  // TMA reduce-add. A buffer is handed back only once its reduce has read it (bulk wait_group.read 1 after the
-  // next issue), so at most one reduce is in flight while the warpgroups fill the other buffer. Deterministic:
-  // each add waits for its turn on the tile's counter (wait_turn / pass_turn), so fp32 sums run in one order.
+  // Reducer warp: each 64-query dQ tile to the fp32 accumulator (bsk::bwd::reduce_dq, attn_bwd_dq.hpp).
   template <class BlkCoord, class PipelineReducer, class StateReducer>
   CUTLASS_DEVICE void reduce(BlkCoord const& blk_coord, Params const& params, ProblemShape const& problem_size,
                              PipelineReducer& pipeline_reducer, StateReducer& smem_pipe_read_reducer,
                              SharedStorage& storage) {
-    int lane_predicate = cute::elect_one_sync();
-    TColumn col = column_of(blk_coord, params.lay);
-    int n_inner = col.count * kTilesPerBlockM;
-
-    Tensor mDQ = params.tma_red_dq.get_tma_tensor(select<2, 4, 0, 1>(problem_size));  // (Sq, D, B, H)
-    Tensor gDQ_full = local_tile(mDQ, TileShapeMD{}, make_coord(_, _, _), Step<_1, _1, Underscore>{});
-    Tensor gDQ = gDQ_full(_, _, _, _0{}, get<2, 0>(blk_coord), get<2, 1>(blk_coord));
-    Tensor sDQ = make_tensor(make_smem_ptr(storage.smem_dq.data()), SmemLayoutDQ{});
-    auto block_tma = params.tma_red_dq.get_slice(_0{});
-    Tensor tDQsDQ = block_tma.partition_S(sDQ);
-    Tensor tDQgDQ = block_tma.partition_D(gDQ);
-
-    BsrRowCursor cursor{col.q_idx, col.kind, col.count, col.first};  // the forward's cursor, over a column
-    if constexpr (Deterministic) {
-      int* sem_bh = params.lay.sem + (size_t(get<2, 0>(blk_coord)) * get<1>(problem_size) + get<2, 1>(blk_coord)) *
-                                         params.lay.n_qtiles;
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int i = 0; i < n_inner; ++i) {
-        int qb, kind;
-        cursor.at(i / kTilesPerBlockM, qb, kind);
-        int q_tile = qb * kTilesPerBlockM + i % kTilesPerBlockM;
-        // A key block of BlockN keys is BlockN / 128 CTAs: they take consecutive turns.
-        int rank = __ldg(col.rank + i / kTilesPerBlockM) * kTilesPerBlockN +
-                   int(get<1>(blk_coord)) % kTilesPerBlockN;
-        pipeline_reducer.consumer_wait(smem_pipe_read_reducer);
-        if (lane_predicate) {
-          wait_turn(sem_bh + q_tile, rank);
-          copy(params.tma_red_dq, tDQsDQ(_, _, _, smem_pipe_read_reducer.index()), tDQgDQ(_, _, _, q_tile));
-          tma_store_arrive();
-          pass_turn(sem_bh + q_tile);  // the reduce has completed: its buffer is free too
-        }
-        __syncwarp();
-        pipeline_reducer.consumer_release(smem_pipe_read_reducer);
-        ++smem_pipe_read_reducer;
-      }
-      return;
-    }
-    StateReducer release = smem_pipe_read_reducer;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int i = 0; i < n_inner; ++i) {
-      int qb, kind;
-      cursor.at(i / kTilesPerBlockM, qb, kind);
-      int q_tile = qb * kTilesPerBlockM + i % kTilesPerBlockM;
-      pipeline_reducer.consumer_wait(smem_pipe_read_reducer);
-      if (lane_predicate) {
-        copy(params.tma_red_dq, tDQsDQ(_, _, _, smem_pipe_read_reducer.index()), tDQgDQ(_, _, _, q_tile));
-        tma_store_arrive();
-        tma_store_wait<1>();  // the previous tile's reduce has read its buffer
-      }
-      __syncwarp();
-      if (i > 0) {
-        pipeline_reducer.consumer_release(release);
-        ++release;
-      }
-      ++smem_pipe_read_reducer;
-    }
-    if (lane_predicate) tma_store_wait<0>();
-    __syncwarp();
-    if (n_inner > 0) {
-      pipeline_reducer.consumer_release(release);
-      ++release;
-    }
+    reduce_dq<BwdMainloop>(blk_coord, params, problem_size, pipeline_reducer, smem_pipe_read_reducer, storage);
   }
 
   // One MMA warpgroup: 64 keys (get<1>(wg_coord) is this warpgroup's 64-key tile), dK and dV in registers over
   // every listed 64-query tile. Per tile: S^T = K Q^T and dP^T = V dO^T; P^T from LSE2 (masked blocks only get the
-  // element mask); dS^T = P^T (dP^T - delta) * scale; dV += P^T dO; dK += dS^T Q; warpgroup 1 computes
-  // dQ = dS K over both warpgroups' dS (shared memory) and hands it to the reducer. The order barrier sequence is
-  // example 88's (both exponentiate in turn, warpgroup 0 stores dS, warpgroup 1 runs the dQ GEMM).
+  // element mask); dS^T = P^T (dP^T - delta) * scale; dV += P^T dO; dK += dS^T Q; dQ = dS K over both warpgroups'
+  // dS (shared memory) goes to the reducer. Both exponentiate in turn (example 88's order barrier). dQ: with
+  // DqSplit each warpgroup computes half of its columns once both dS halves are stored (named barriers ready /
+  // free); else example 88's sequence (warpgroup 0 stores dS, warpgroup 1 runs the whole dQ GEMM).
   template <class BlkCoord, class PipelineReducer, class StateReducer, class OrderBarrier>
   CUTLASS_DEVICE auto compute(BlkCoord const& blk_coord, BlkCoord const& wg_coord, Params const& params,
                               ProblemShape const& problem_size, MainloopPipeline& pipeline_inner,
@@ -345,6 +296,20 @@ struct BwdMainloop
     Tensor tDQsDQ_full = thr_md.partition_C(sDQ);
 
     int wg_idx = __shfl_sync(0xffffffffu, int(get<1>(wg_coord)) % NumMmaWarpGroups, 0);
+    // Split dQ: the dS operand, this warpgroup's column half of K (the B operand) and of the dQ tile.
+    TiledMmaMDh tiled_mma_mdh;
+    auto dq_half = [&] {
+      if constexpr (DqSplit) {
+        auto thr_mdh = tiled_mma_mdh.get_thread_slice(thread_idx);
+        Tensor sKp_h = flat_divide(sKp, Shape<Int<kHalfD>, _64>{})(_, _, wg_idx, _0{}, _);  // (D/2, 64, stages)
+        Tensor sDQ_h = flat_divide(sDQ, Shape<_64, Int<kHalfD>>{})(_, _, _0{}, wg_idx, _);  // (64, D/2, 2)
+        return cute::make_tuple(thr_mdh.make_fragment_A(thr_mdh.partition_A(sDS)),
+                                thr_mdh.make_fragment_B(thr_mdh.partition_B(sKp_h)), thr_mdh.partition_C(sDQ_h));
+      } else {
+        return cute::make_tuple(0, 0, 0);
+      }
+    }();
+
     int k0 = int(get<1>(wg_coord)) * get<0>(TileShapeNM{});  // this warpgroup's first key
 
     TColumn col = column_of(blk_coord, params.lay);
@@ -414,23 +379,24 @@ struct BwdMainloop
       cute::gemm(tiled_mma_nd, op_P, tDVrDO(_, _, _, read_do.index()), acc_DV);
       warpgroup_commit_batch();
 
-      // dS^T into this warpgroup's half of shared memory (warpgroup 1 needs both halves for dQ).
-      if (wg_idx == 0) math_wg_order_barrier.wait();
-      using Vec = uint_bit_t<sizeof_bits_v<Element> * 2>;
-      auto tDPsDS_v = recast<Vec>(tDPsDS);
-      auto acc_DS_v = recast<Vec>(acc_DS);
-      CUTLASS_PRAGMA_UNROLL
-      for (int e = 0; e < size(acc_DS_v); ++e) tDPsDS_v(_, _, _, wg_idx)(e) = acc_DS_v(e);
-      cutlass::arch::fence_view_async_shared();
-      if (wg_idx == 0) math_wg_order_barrier.arrive();
+      if constexpr (DqSplit) {
+        // dS^T into this warpgroup's half, once the other warpgroup's last dQ GEMM (which read it) completed.
+        if (i > 0) cutlass::arch::NamedBarrier::sync(NumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup,
+                                                     kBarDsFree + wg_idx);
+        store_ds<Element>(tDPsDS, acc_DS, wg_idx);
+        cutlass::arch::NamedBarrier::sync(NumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup, kBarDsReady);
 
-      if (wg_idx == 1) {
-        math_wg_order_barrier.wait();  // warpgroup 0's dS is in shared memory
-        Tensor acc_DQ = partition_fragment_C(tiled_mma_md, take<0, 2>(TileShapeMD{}));
+        // dQ[:, my half] = dS_0 K_0[:, half] + dS_1 K_1[:, half] (K_w: warpgroup w's 64 keys)
+        auto& tDQhrDS = get<0>(dq_half);
+        auto& tDQhrK = get<1>(dq_half);
+        auto& tDQhsDQ = get<2>(dq_half);
+        int k_stage[2] = {wg_idx == 0 ? read_k.index() : read_k_other.index(),
+                          wg_idx == 0 ? read_k_other.index() : read_k.index()};
+        Tensor acc_DQ = partition_fragment_C(tiled_mma_mdh, take<0, 2>(TileShapeMDh{}));
         warpgroup_fence_operand(acc_DQ);
         warpgroup_arrive();
-        fmha_c::gemm_zero_acc(tiled_mma_md, tDQrDS(_, _, _, 0), tDQrK(_, _, _, read_k_other.index()), acc_DQ);
-        cute::gemm(tiled_mma_md, tDQrDS(_, _, _, 1), tDQrK(_, _, _, read_k.index()), acc_DQ);
+        fmha_c::gemm_zero_acc(tiled_mma_mdh, tDQhrDS(_, _, _, 0), tDQhrK(_, _, _, k_stage[0]), acc_DQ);
+        cute::gemm(tiled_mma_mdh, tDQhrDS(_, _, _, 1), tDQhrK(_, _, _, k_stage[1]), acc_DQ);
         warpgroup_commit_batch();
 
         warpgroup_fence_operand(acc_DK);
@@ -438,28 +404,53 @@ struct BwdMainloop
         cute::gemm(TiledMmaND_SS{}, tDKrDSp(_, _, _, wg_idx), tDKrQ(_, _, _, read_q.index()), acc_DK);
         warpgroup_commit_batch();
 
-        warpgroup_wait<1>();  // dV and dQ done (dK may still run)
+        warpgroup_wait<1>();  // dV and dQ done (dK, which reads only this warpgroup's half, may still run)
         warpgroup_fence_operand(acc_DQ);
-        math_wg_order_barrier.arrive();  // both halves of dS read: warpgroup 0 may overwrite its half
+        if (i + 1 < n_inner)  // the other warpgroup's half has been read
+          cutlass::arch::NamedBarrier::arrive(NumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup,
+                                              kBarDsFree + 1 - wg_idx);
 
         pipeline_reducer.producer_acquire(smem_pipe_write_reducer);
-        auto tDQsDQ = tDQsDQ_full(_, _, _, smem_pipe_write_reducer.index());
-        using VecQ = uint_bit_t<sizeof_bits_v<float> * 2>;
-        auto tDQsDQ_v = recast<VecQ>(tDQsDQ);
-        auto acc_DQ_v = recast<VecQ>(acc_DQ);
-        CUTLASS_PRAGMA_UNROLL
-        for (int e = 0; e < size(acc_DQ_v); ++e) tDQsDQ_v(e) = acc_DQ_v(e);
-        cutlass::arch::fence_view_async_shared();
+        store_dq(tDQhsDQ(_, _, _, smem_pipe_write_reducer.index()), acc_DQ);
         pipeline_reducer.producer_commit(smem_pipe_write_reducer);
         ++smem_pipe_write_reducer;
       } else {
-        warpgroup_fence_operand(acc_DK);
-        warpgroup_arrive();
-        cute::gemm(TiledMmaND_SS{}, tDKrDSp(_, _, _, wg_idx), tDKrQ(_, _, _, read_q.index()), acc_DK);
-        warpgroup_commit_batch();
-        pipeline_reducer.producer_acquire(smem_pipe_write_reducer);
-        pipeline_reducer.producer_commit(smem_pipe_write_reducer);
-        ++smem_pipe_write_reducer;
+        // dS^T into this warpgroup's half of shared memory (warpgroup 1 needs both halves for dQ).
+        if (wg_idx == 0) math_wg_order_barrier.wait();
+        store_ds<Element>(tDPsDS, acc_DS, wg_idx);
+        if (wg_idx == 0) math_wg_order_barrier.arrive();
+
+        if (wg_idx == 1) {
+          math_wg_order_barrier.wait();  // warpgroup 0's dS is in shared memory
+          Tensor acc_DQ = partition_fragment_C(tiled_mma_md, take<0, 2>(TileShapeMD{}));
+          warpgroup_fence_operand(acc_DQ);
+          warpgroup_arrive();
+          fmha_c::gemm_zero_acc(tiled_mma_md, tDQrDS(_, _, _, 0), tDQrK(_, _, _, read_k_other.index()), acc_DQ);
+          cute::gemm(tiled_mma_md, tDQrDS(_, _, _, 1), tDQrK(_, _, _, read_k.index()), acc_DQ);
+          warpgroup_commit_batch();
+
+          warpgroup_fence_operand(acc_DK);
+          warpgroup_arrive();
+          cute::gemm(TiledMmaND_SS{}, tDKrDSp(_, _, _, wg_idx), tDKrQ(_, _, _, read_q.index()), acc_DK);
+          warpgroup_commit_batch();
+
+          warpgroup_wait<1>();  // dV and dQ done (dK may still run)
+          warpgroup_fence_operand(acc_DQ);
+          math_wg_order_barrier.arrive();  // both halves of dS read: warpgroup 0 may overwrite its half
+
+          pipeline_reducer.producer_acquire(smem_pipe_write_reducer);
+          store_dq(tDQsDQ_full(_, _, _, smem_pipe_write_reducer.index()), acc_DQ);
+          pipeline_reducer.producer_commit(smem_pipe_write_reducer);
+          ++smem_pipe_write_reducer;
+        } else {
+          warpgroup_fence_operand(acc_DK);
+          warpgroup_arrive();
+          cute::gemm(TiledMmaND_SS{}, tDKrDSp(_, _, _, wg_idx), tDKrQ(_, _, _, read_q.index()), acc_DK);
+          warpgroup_commit_batch();
+          pipeline_reducer.producer_acquire(smem_pipe_write_reducer);
+          pipeline_reducer.producer_commit(smem_pipe_write_reducer);
+          ++smem_pipe_write_reducer;
+        }
       }
 
       // Every GEMM that read this tile's Q and dO stages has completed before they go back to the loader.

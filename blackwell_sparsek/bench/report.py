@@ -48,6 +48,16 @@ def write_json(path: str | os.PathLike[str], data: Any) -> Path:
     return p
 
 
+def finish_rows(rows: list[dict[str, Any]], table: Any, json_path: str | None) -> int:
+    """The end of a small bench's main: print ``table(rows, gpu)`` and write {gpu, rows} as JSON when asked."""
+    import torch
+    gpu = torch.cuda.get_device_name()
+    print(table(rows, gpu))
+    if json_path:
+        write_json(json_path, {"gpu": gpu, "rows": rows})
+    return 0
+
+
 def _git_commit() -> str | None:
     here = Path(__file__).resolve().parent
     try:

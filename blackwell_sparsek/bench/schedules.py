@@ -10,11 +10,11 @@ faster schedule. Every output is checked against the other schedule's (relative 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from ..layout import BlockSparseLayout as L
+from .report import finish_rows
 from .timing import bench
 
 BLOCK = 128
@@ -116,12 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     shapes = [(2, 16, 8192, d) for d in a.d]
     rows = run(shapes, warmup_ms=100 if a.quick else 300, rep_ms=50 if a.quick else 200)
-    gpu = torch.cuda.get_device_name()
-    print(table(rows, gpu))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"gpu": gpu, "rows": rows}, f, indent=2)
-    return 0
+    return finish_rows(rows, table, a.json)
 
 
 if __name__ == "__main__":

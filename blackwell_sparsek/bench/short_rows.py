@@ -13,8 +13,9 @@ one head first.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from .report import finish_rows
 
 B, H, S = 1, 16, 32768
 
@@ -109,12 +110,7 @@ def main(argv=None) -> int:
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
     rows = run(a.k, a.d, a.repeats)
-    gpu = torch.cuda.get_device_name()
-    print(table(rows, gpu))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"gpu": gpu, "rows": rows}, f, indent=2)
-    return 0
+    return finish_rows(rows, table, a.json)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
+
+from .report import finish_rows
 
 SHAPES = [((1, 16, 32768, 128), "bf16"), ((1, 16, 32768, 64), "fp16")]
 
@@ -119,12 +120,7 @@ def main(argv=None) -> int:
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
     rows = run(a.rounds, 100 if a.quick else 300, 50 if a.quick else 200)
-    gpu = torch.cuda.get_device_name()
-    print(table(rows, gpu))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"gpu": gpu, "rows": rows}, f, indent=2)
-    return 0
+    return finish_rows(rows, table, a.json)
 
 
 if __name__ == "__main__":

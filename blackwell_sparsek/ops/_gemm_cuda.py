@@ -107,7 +107,8 @@ def _launch(cfg: BsrGemmConfig, device: torch.device, **fields) -> None:
         if not kernels._loaded:
             _KERNELS.clear()
         kernel = _KERNELS[cfg] = kernels.build(cfg)
-    kernel.launch(torch.cuda.current_stream(device).cuda_stream, **fields)
+    # launch_args gives every field as a plain int/float (pointers as addresses): the struct takes them directly
+    kernel.launch_on(kernel.Args(**fields), device.index if device.index is not None else torch.cuda.current_device())
 
 
 def dsd(values: torch.Tensor, layout, b: torch.Tensor, out: torch.Tensor, *, transpose: bool = False,

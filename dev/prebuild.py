@@ -42,6 +42,8 @@ def attention_configs() -> list:
     cfgs += [default_config(128, b16, lay, schedule=s) for s in Schedule]
     for d in (64, 128):  # bench and compare-88: fp16 at both schedules
         cfgs += [default_config(d, f16, L.dense(8192), schedule=s) for s in (Schedule.PINGPONG, Schedule.COOPERATIVE)]
+    from blackwell_sparsek.families.attn_bwd import AttnBwdConfig  # the backward's split-dQ variant: bench-bwd A/B
+    cfgs += [AttnBwdConfig(dtype=dt, deterministic=det, dq_split=True) for dt in ("fp16", "bf16") for det in (False, True)]
     skewed = L.global_local(5120 + 50, n_global=2, window=200)  # split-KV tests and bench
     for d, dt in ((128, b16), (64, f16), (128, f16)):
         cfgs += [default_config(d, dt, skewed, schedule=s) for s in (Schedule.COOPERATIVE, Schedule.PINGPONG)]

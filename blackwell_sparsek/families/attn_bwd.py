@@ -40,7 +40,8 @@ class AttnBwdConfig(KernelConfig):
     # TMA reduce-adds. The deterministic kernel needs the transposed schedule in ascending key-block order.
     deterministic: bool = False
     # dQ's columns split between the two MMA warpgroups (each runs five GEMMs per 64-query tile instead of four
-    # and six); D = 128 only (the halves are whole 64-column swizzle atoms of K in shared memory).
+    # and six); D = 128 only (the halves are whole 64-column swizzle atoms of K in shared memory). Experimental:
+    # compiled and unit-tested, not yet run on a GPU, so off unless a config asks for it (DQ_SPLIT_DEFAULT).
     dq_split: bool = False
 
     family: ClassVar[str] = "attn_bwd"
@@ -149,8 +150,9 @@ class AttnBwdConfig(KernelConfig):
 
 
 # Whether D = 128 backward kernels split dQ between the warpgroups unless a caller says otherwise (the default
-# rule's one switch; see docs/kernels/sm90_attn_bwd.md for the measurement behind it).
-DQ_SPLIT_DEFAULT = True
+# rule's one switch). Off until the split kernel has passed the GPU tests and won the same-run A/B that
+# `bench-bwd` runs (docs/kernels/sm90_attn_bwd.md).
+DQ_SPLIT_DEFAULT = False
 
 
 # -- named configs -------------------------------------------------------------------------------------------

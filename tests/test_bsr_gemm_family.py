@@ -194,3 +194,41 @@ def test_real_compile_dsd_kernel(bsk_cache):
     e = kernels.ensure_built(cfg)
     assert e.built and e.so_path.stat().st_size > 0
     assert cfg.kernel_name.encode() in e.so_path.read_bytes()
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_launch_fills_the_whole_argument_struct(transpose, monkeypatch):
+    """dsd()/sdd() on the CUDA path hand the kernel a struct built from launch_args by the ABI's own ctypes class,
+    on the tensors' device (launch_on). Run here on CPU tensors with the kernel replaced by a recorder."""
+    from blackwell_sparsek.jit.runtime import args_struct
+
+    class Recorder:
+        Args = args_struct(BsrGemmConfig.abi)
+
+        def __init__(self):
+            self.calls = []
+
+        def launch_on(self, struct, device):
+            self.calls.append((struct, device))
+
+    rec = Recorder()
+    monkeypatch.setattr(g, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(kernels, "build", lambda cfg: rec)
+    monkeypatch.setattr(kernels, "_loaded", {"x": rec})  # non-empty: the memo in _gemm_cuda is used
+    g._KERNELS.clear()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    lay = L.random_topk(seq_q=1024, seq_k=512, k=2, seed=3)
+    vals = torch.randn(lay.nnz, 128, 128, dtype=torch.float16)
+    b = torch.randn(1024 if transpose else 512, 64, dtype=torch.float16)
+    out = torch.empty(512 if transpose else 1024, 64, dtype=torch.float16)
+    bias = torch.randn(64)
+    g.dsd(vals, lay, b, out, transpose=transpose, alpha=0.5, bias=bias)
+    a = torch.randn(1024, 256, dtype=torch.float16)
+    g.sdd(a, torch.randn(256, 512, dtype=torch.float16), lay, torch.empty(lay.nnz, 128, 128, dtype=torch.float16))
+    g._KERNELS.clear()
+    (s, dev), (s2, _) = rec.calls
+    assert dev == 0
+    assert s.a == vals.data_ptr() and s.b == b.data_ptr() and s.out == out.data_ptr() and s.bias == bias.data_ptr()
+    assert (s.m, s.n, s.k, s.nnz) == ((512, 64, 1024, lay.nnz) if transpose else (1024, 64, 512, lay.nnz))
+    assert s.alpha == 0.5 and s.beta == 0.0 and s.sm_count == 132
+    assert (s.blk_a is not None) == transpose and s2.bias is None and s2.blk_b is None

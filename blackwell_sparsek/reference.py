@@ -46,6 +46,31 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layou
     return o, lse.masked_fill(lse == float("inf"), float("nan")).float()
 
 
+def attention_backward_reference(q, k, v, o, lse, do, grad_lse, visible: torch.Tensor, scale: float):
+    """dQ, dK, dV of attention (O, LSE) for upstream gradients (dO, g_lse or None), analytically in float64, in
+    q/k/v's dtypes: P = exp(S·scale − LSE) on visible keys (0 where LSE = −inf), dV = Pᵀ·dO,
+    dS = P ∘ (dO·Vᵀ − rowsum(dO ∘ O) + g_lse), dQ = scale·dS·K, dK = scale·dSᵀ·Q, GQA heads summed. ``visible``:
+    bool [Hl, Sq, Sk] (Hl 1 or H) of the keys each query sees. The same values as attention_reference's autograd;
+    a row whose LSE is NaN gets NaN gradients, as in the kernel."""
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    g = H // Hkv
+    qd, kd, vd, od, dod = (t.double() for t in (q, k, v, o, do))
+    kd, vd = kd.repeat_interleave(g, 1), vd.repeat_interleave(g, 1)
+    lse_d = lse.double().unsqueeze(-1)
+    s = torch.matmul(qd, kd.transpose(-1, -2)) * scale
+    empty = lse_d == float("-inf")  # a NaN LSE (a row that saw an infinite logit) keeps its NaN gradients
+    p = torch.where(visible.unsqueeze(0) & ~empty, torch.exp(s - lse_d.masked_fill(empty, 0.0)), 0.0)
+    delta = (dod * od).sum(-1, keepdim=True)
+    if grad_lse is not None:
+        delta = delta - grad_lse.double().unsqueeze(-1)
+    ds = p * (torch.matmul(dod, vd.transpose(-1, -2)) - delta)
+    dq = torch.matmul(ds, kd) * scale
+    dk = (torch.matmul(ds.transpose(-1, -2), qd) * scale).view(B, Hkv, g, Sk, D).sum(2)
+    dv = torch.matmul(p.transpose(-1, -2), dod).view(B, Hkv, g, Sk, D).sum(2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """‖out − ref‖ / ‖ref‖ in float64 (NaN anywhere in out gives inf)."""
     o = out.double()

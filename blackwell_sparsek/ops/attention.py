@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from functools import lru_cache
+from typing import Optional
 
 import torch
 
@@ -158,16 +159,55 @@ def _attn_fwd_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_p
     """The reference fallback as an op (what a torch.compile'd sparse_attention runs on CPU tensors): the layout
     (row_ptr, col_idx, block_kind, geom = [block_m, block_n, window_left, window_right]) is rebuilt and
     validated, then the float64 reference runs. Same outputs as attn_fwd."""
-    from ..layout import BlockSparseLayout
-    layout = BlockSparseLayout(row_ptr, col_idx, block_kind, seq_q=q.shape[2], seq_k=k.shape[2], block_m=geom[0],
-                               block_n=geom[1], window_left=geom[2], window_right=geom[3])
     _fallback_warning("the inputs are not on a CUDA device")
-    return _fallback(q, k, v, layout, scale)
+    with torch.no_grad():  # differentiable through the op's registered backward
+        return _fallback(q, k, v, _reference_layout(q, k, row_ptr, col_idx, block_kind, geom), scale)
+
+
+def _reference_layout(q, k, row_ptr, col_idx, block_kind, geom):
+    from ..layout import BlockSparseLayout
+    return BlockSparseLayout(row_ptr, col_idx, block_kind, seq_q=q.shape[2], seq_k=k.shape[2], block_m=geom[0],
+                             block_n=geom[1], window_left=geom[2], window_right=geom[3])
 
 
 @_attn_fwd_reference.register_fake
 def _attn_fwd_reference_fake(q, k, v, row_ptr, col_idx, block_kind, geom, scale):
     return _fake_outputs(q, k)
+
+
+def _reference_setup(ctx, inputs, output) -> None:
+    q, k, v, row_ptr, col_idx, block_kind, geom, scale = inputs
+    ctx.save_for_backward(q, k, v, row_ptr, col_idx, block_kind)
+    ctx.geom, ctx.scale = list(geom), float(scale)
+
+
+@torch.library.custom_op("blackwell_sparsek::attn_bwd_reference", mutates_args=())
+def _attn_bwd_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_o: torch.Tensor,
+                        grad_lse: Optional[torch.Tensor], row_ptr: torch.Tensor, col_idx: torch.Tensor,
+                        block_kind: torch.Tensor, geom: list[int],
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of attn_fwd_reference in float64 (reference.attention_backward_reference: the values of the
+    reference's own autograd, which the eager fallback uses; inside an op autograd does not record). An op of its
+    own, so compiled graphs hold it unexamined; O(B·H·Sq·Sk) memory again."""
+    from ..reference import attention_backward_reference, attention_reference
+    layout = _reference_layout(q, k, row_ptr, col_idx, block_kind, geom)
+    o, lse = attention_reference(q, k, v, layout, scale=scale)
+    return attention_backward_reference(q, k, v, o, lse, grad_o, grad_lse, layout.to_element_mask().to(q.device),
+                                        scale)
+
+
+@_attn_bwd_reference.register_fake
+def _attn_bwd_reference_fake(q, k, v, grad_o, grad_lse, row_ptr, col_idx, block_kind, geom, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _reference_backward(ctx, grad_o, grad_lse):
+    q, k, v, row_ptr, col_idx, block_kind = ctx.saved_tensors
+    dq, dk, dv = _attn_bwd_reference(q, k, v, grad_o, grad_lse, row_ptr, col_idx, block_kind, ctx.geom, ctx.scale)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_attn_fwd_reference.register_autograd(_reference_backward, setup_context=_reference_setup)
 
 
 # -- the reference fallback ---------------------------------------------------------------------------------

@@ -251,27 +251,13 @@ def element_mask(col_idx, block_kind, row_sched, meta, seq_q: int, seq_k: int, b
 
 
 def _attn_bwd_dense(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale, config_json):
-    """The kernel's formulas, densely in float64: P = exp(S * scale - LSE) (0 where LSE = -inf or masked),
-    dV = P^T dO, dS = P (dO V^T - delta), delta = rowsum(dO O) - g_lse, dQ = scale dS K, dK = scale dS^T Q."""
+    """The kernel's formulas densely in float64 (reference.attention_backward_reference) on the element mask the
+    op's layout arguments describe."""
     cfg = _bwd_config(config_json)
-    B, H, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    g = H // Hkv
-    mask = element_mask(col_idx.cpu(), block_kind.cpu(), row_sched.cpu(), meta, Sq, Sk, cfg.block_m,
-                        cfg.block_n).to(q.device).unsqueeze(0)
-    qd, kd, vd, od, dod = (t.double() for t in (q, k, v, o, do))
-    kd, vd = kd.repeat_interleave(g, 1), vd.repeat_interleave(g, 1)
-    lse_d = lse.double().unsqueeze(-1)
-    s = torch.matmul(qd, kd.transpose(-1, -2)) * scale
-    p = torch.where(mask & torch.isfinite(lse_d), torch.exp(s - lse_d.nan_to_num(posinf=0.0, neginf=0.0)), 0.0)
-    delta = (dod * od).sum(-1, keepdim=True)
-    if grad_lse is not None:
-        delta = delta - grad_lse.double().unsqueeze(-1)
-    ds = p * (torch.matmul(dod, vd.transpose(-1, -2)) - delta)
-    dq = torch.matmul(ds, kd) * scale
-    dk = (torch.matmul(ds.transpose(-1, -2), qd) * scale).view(B, Hkv, g, Sk, D).sum(2)
-    dv = torch.matmul(p.transpose(-1, -2), dod).view(B, Hkv, g, Sk, D).sum(2)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    mask = element_mask(col_idx.cpu(), block_kind.cpu(), row_sched.cpu(), meta, q.shape[2], k.shape[2], cfg.block_m,
+                        cfg.block_n).to(q.device)
+    from ..reference import attention_backward_reference
+    return attention_backward_reference(q, k, v, o, lse, do, grad_lse, mask, scale)
 
 
 @torch.library.custom_op("blackwell_sparsek::attn_bwd", mutates_args=())

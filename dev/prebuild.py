@@ -44,6 +44,9 @@ def attention_configs() -> list:
         cfgs += [default_config(d, f16, L.dense(8192), schedule=s) for s in (Schedule.PINGPONG, Schedule.COOPERATIVE)]
     from blackwell_sparsek.families.attn_bwd import AttnBwdConfig  # the backward's split-dQ variant: bench-bwd A/B
     cfgs += [AttnBwdConfig(dtype=dt, deterministic=det, dq_split=True) for dt in ("fp16", "bf16") for det in (False, True)]
+    from blackwell_sparsek.bench import blocks64  # the 64-row block bench's dual / single / default kernels
+    for _, (_, _, _, d), (bm, bn), _, scheds in blocks64.CASES:
+        cfgs += [c for _, c in blocks64._configs(d, bm, bn, scheds)]
     skewed = L.global_local(5120 + 50, n_global=2, window=200)  # split-KV tests and bench
     for d, dt in ((128, b16), (64, f16), (128, f16)):
         cfgs += [default_config(d, dt, skewed, schedule=s) for s in (Schedule.COOPERATIVE, Schedule.PINGPONG)]

@@ -85,6 +85,9 @@ struct BwdMainloop
   // dQ GEMM (dS M-major, K as the B operand N-major); its B operand is one half of K's columns in shared memory,
   // whole 64-column swizzle atoms (hence D = 128 only).
   static_assert(!DqSplit || HeadDim == 128, "split dQ halves D into 64-column swizzle atoms");
+  static_assert(!DqSplit || (size<0>(SmemLayoutKp{}) == HeadDim && size<1>(SmemLayoutKp{}) == 64 &&
+                             size<0>(SmemLayoutDQ{}) == 64 && size<1>(SmemLayoutDQ{}) == HeadDim),
+                "split dQ slices K as (D, keys, stage) and the dQ buffer as (queries, D, buffer) by their D mode");
   static constexpr int kHalfD = DqSplit ? HeadDim / 2 : HeadDim;
   using TileShapeMDh = Shape<_64, Int<kHalfD>, _64>;
   using TiledMmaMDh = decltype(make_tiled_mma(

@@ -285,13 +285,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
         if layout.device != q.device:
             raise LayoutError(f"under torch.compile the layout must already be on {q.device}: call "
                               f"layout.to({str(q.device)!r}) once before the compiled function")
-        if dispatch.is_split(cfg_json):
-            o, lse = _split.attn_fwd_split(q, k, v, layout.col_idx, layout.block_kind,
-                                           _built_row_schedule(layout, causal), _built_split_schedule(layout),
-                                           _meta(layout, det), list(layout.split_plan()), scale, cfg_json)
-        else:
-            o, lse = _attn_fwd(q, k, v, layout.col_idx, layout.block_kind, _built_row_schedule(layout, causal),
-                               _meta(layout, det), scale, cfg_json)
+        o, lse = _traced_kernel_call(q, k, v, layout, causal, det, scale, cfg_json)
         return (o, lse) if return_lse else o
 
     check_pointers(q, k, v)
@@ -315,6 +309,17 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
     fwd = _launch if _direct_call_ok(q, k, v) else _attn_fwd
     o, lse = fwd(q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(), _meta(lay, det), scale, cfg_json)
     return (o, lse) if return_lse else o
+
+
+def _traced_kernel_call(q, k, v, layout, causal: bool, det: int, scale: float, cfg_json: str):
+    """The kernel op call of a compiled sparse_attention (arguments checked, layout on q's device): everything
+    here must trace without a graph break (the config a constant, the layout's views built before tracing)."""
+    if dispatch.is_split(cfg_json):
+        return _split.attn_fwd_split(q, k, v, layout.col_idx, layout.block_kind, _built_row_schedule(layout, causal),
+                                     _built_split_schedule(layout), _meta(layout, det), list(layout.split_plan()),
+                                     scale, cfg_json)
+    return _attn_fwd(q, k, v, layout.col_idx, layout.block_kind, _built_row_schedule(layout, causal),
+                     _meta(layout, det), scale, cfg_json)
 
 
 def _meta(lay, deterministic: int = -1) -> list[int]:

@@ -247,6 +247,36 @@ def test_launch_limits_are_the_launchers():
         bsk.sparse_attention(tall, tall, tall, lay)
 
 
+def test_backward_limits_are_checked_before_the_forward():
+    """The backward keeps 32-bit strides: inputs that need gradients past them are refused before the forward
+    runs (and by the backward op itself), with the split that fixes it; the forward alone still takes them."""
+    import blackwell_sparsek.ops.attention_bwd as ab
+    from blackwell_sparsek.ops._checks import check_backward_limits
+    lay = L.sliding_window(1 << 20, window=2048)
+    ok = torch.empty(1, 8, 1 << 20, 128, dtype=torch.bfloat16, device="meta")    # H*Sq*D = 2^30
+    check_backward_limits(ok, ok, ok)
+    big = torch.empty(1, 16, 1 << 20, 128, dtype=torch.bfloat16, device="meta")  # H*Sq*D = 2^31
+    with pytest.raises(InputError, match=r"backward takes its strides as 32-bit ints and H\*Sq\*D .*torch.split"):
+        check_backward_limits(big, big, big)
+    with pytest.raises(InputError, match="backward takes its strides"):
+        bsk.sparse_attention(big.clone().requires_grad_(), big, big, lay)
+    with pytest.raises(InputError, match="float64 reference fallback"):  # no gradient needed: not the backward's
+        bsk.sparse_attention(big, big, big, lay)
+    with torch.no_grad():
+        with pytest.raises(InputError, match="float64 reference fallback"):
+            bsk.sparse_attention(big.clone().requires_grad_(), big, big, lay)
+    gqa_k = torch.empty(1, 1, 1 << 23, 128, dtype=torch.bfloat16, device="meta")  # dK/dV per query head: H*Sk*D
+    q = torch.empty(1, 2, 1024, 128, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(InputError, match=r"H\*Sk\*D"):
+        check_backward_limits(q, gqa_k, gqa_k)
+    fwd = ops.default_config(128, torch.bfloat16)
+    t = torch.zeros(1, dtype=torch.bfloat16).expand(1, 16, 1 << 20, 128)  # the raw op on CPU (no memory)
+    lse = torch.zeros(1).expand(1, 16, 1 << 20)
+    with pytest.raises(InputError, match="backward takes its strides"):
+        ab.attn_bwd(t, t, t, t, lse, t, None, lay.col_idx, lay.block_kind, lay.row_schedule(),
+                    [2048, 0, lay.n_kblocks, 0], 0.1, ab.bwd_config_json(fwd.to_json()))
+
+
 # -- item 14: precompile's and default_config's dtype, precompile's other arguments ---------------------------
 
 def test_precompile_dtype_and_arguments(fake_nvcc):

@@ -194,6 +194,22 @@ def check_launch_limits(q, k, v) -> None:
                     f"(torch.split(q, n, dim=1), with the matching k/v heads)")
 
 
+def check_backward_limits(q, k, v) -> None:
+    """What the backward launcher takes (it keeps example 88's 32-bit strides, the forward's are 64-bit): every
+    stride of q, k, v and of the (B, H, S, D) tensors it reads or writes densely (O, dO, dQ, the fp32 dQ accumulator;
+    dK/dV per query head under GQA) below 2^31 elements. Checked before a forward that will need the backward."""
+    B, H, Sq, D = q.shape
+    Sk = k.shape[2]
+    sizes = (("H*Sq*D (O, dO, dQ per batch entry)", H * Sq * D), ("H*Sk*D (dK, dV per batch entry)", H * Sk * D),
+             *((f"{n} stride {i}", t.stride(i)) for n, t in (("q", q), ("k", k), ("v", v)) for i in range(3)))
+    for what, n in sizes:  # a plain loop: torch.compile traces this check too
+        if n > INT32_MAX:
+            raise InputError(
+                f"the attention backward takes its strides as 32-bit ints and {what} is {n} elements (the forward "
+                f"alone handles this size): to train at this length split the call over heads, e.g. "
+                f"torch.split(q, n, dim=1) with the matching k/v heads, so that H*Sq*D and H*Sk*D stay below 2^31")
+
+
 def check_fallback_size(q: torch.Tensor, k: torch.Tensor, layout) -> None:
     """The reference fallback's memory, before it allocates any: InputError with the bytes and what to do."""
     B, H, Sq, D = q.shape

@@ -20,8 +20,9 @@ from ..errors import InputError, InvalidConfigError, LayoutError
 from ..families.attn_fwd import AttentionConfig, Schedule, launch_args
 from ..jit.spec import KernelConfig
 from . import dispatch
-from ._checks import (check_causal, check_fallback_size, check_index_values, check_inputs, check_launch_limits,
-                      check_layout_arg, check_op_args, check_pointers, check_scale, check_strides)
+from ._checks import (check_backward_limits, check_causal, check_fallback_size, check_index_values, check_inputs,
+                      check_launch_limits, check_layout_arg, check_op_args, check_pointers, check_scale,
+                      check_strides)
 from .dispatch import config_from_json, default_config, json_of  # noqa: F401 - default_config is public
 
 # -- the custom op ------------------------------------------------------------------------------------------
@@ -264,6 +265,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
     check_layout_arg(layout)
     check_strides(q, k, v)
     check_launch_limits(q, k, v)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        check_backward_limits(q, k, v)
     compiling = torch.compiler.is_compiling()
     if causal:
         if compiling and "causal" not in layout._cache:

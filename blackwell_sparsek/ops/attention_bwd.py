@@ -27,6 +27,7 @@ from ..families import attn_bwd as _family
 from ..families.attn_bwd import AttnBwdConfig
 from ..families.attn_fwd import AttentionConfig
 from ..jit.spec import DType, KernelConfig
+from ._checks import check_backward_limits
 
 _DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 _BOUNDS, _RULE = 1, 2        # block-kind bits (blackwell_sparsek.layout)
@@ -268,6 +269,7 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     """dQ, dK, dV of blackwell_sparsek::attn_fwd. meta = [window_left, window_right, n_kblocks, rank_major] as the
     forward got it; config_json: the attn_bwd config (bwd_config_json of the forward's)."""
     _check(q, k, v, o, lse, do, _bwd_config(config_json))
+    check_backward_limits(q, k, v)
     if q.is_cuda:
         return _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale,
                               config_json)

@@ -2,12 +2,14 @@
 compare-88, the GEMM and split-KV benches) into BSK_CACHE_DIR, in one parallel `build`; or carry that folder to a
 GPU machine without network (dev/gpu_session.sh points the cache there).
 
-    BSK_CACHE_DIR=$PWD/.bskcache python dev/prebuild.py [--only attn|gemm] [--list] [-j N]
+    BSK_CACHE_DIR=$PWD/.bskcache python dev/prebuild.py [--only attn|gemm] [--ex88] [--list] [-j N]
 
 The configs are the ops' own choices for the GPU tests' shapes (ops.default_config, ops._gemm_cuda.config_for on a
 132-SM H100), the schedule variants the tests and benches name, and every named config. The cache key is
 content-based (config, source, toolchain, flags), so the same wheel and nvcc on the GPU machine give cache hits.
-Remaining arguments go to the package's `build` command.
+``--ex88`` also builds CUTLASS example 88's binary into the same cache (compare-88 and the short-rows bench run
+it; one translation unit, ~9 min on 2 cores; it needs curand_kernel.h: pip install nvidia-curand). Remaining
+arguments go to the package's `build` command.
 """
 import sys
 
@@ -160,6 +162,9 @@ def gemm_api_configs() -> list:
 
 
 def main(argv: list[str]) -> int:
+    ex88 = "--ex88" in argv
+    if ex88:
+        argv.remove("--ex88")
     only = None
     if "--only" in argv:
         i = argv.index("--only")
@@ -175,7 +180,11 @@ def main(argv: list[str]) -> int:
             print(c)
         print(len(names), "kernels", file=sys.stderr)
         return 0
-    return cli.main(["build", *names, *argv])
+    rc = cli.main(["build", *names, *argv])
+    if ex88:
+        from blackwell_sparsek.bench import ex88 as ex
+        print(f"example 88: {ex.locate(build_if_missing=True)}")
+    return rc
 
 
 if __name__ == "__main__":

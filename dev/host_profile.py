@@ -10,23 +10,11 @@ import argparse
 import cProfile
 import io
 import pstats
-import time
 
 import torch
 
 import blackwell_sparsek as bsk
-
-
-def host_us(fn, n=200):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
+from blackwell_sparsek.bench.timing import host_us
 
 
 def cases():

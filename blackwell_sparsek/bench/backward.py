@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .timing import REP_MS, WARMUP_MS, bench
+from .timing import REP_MS, WARMUP_MS, bench, host_us
 
 
 def _dt(dtype) -> str:
@@ -109,14 +109,7 @@ class BwdCall:
 
     def host_us(self, n: int = 200) -> float:
         """Host time per call (no synchronization inside the loop), microseconds."""
-        import torch
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            self()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        return (t1 - t0) / n * 1e6
+        return host_us(self, n)[0]
 
 
 def breakdown(fn, n: int = 20) -> list[tuple[str, float]]:

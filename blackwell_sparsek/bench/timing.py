@@ -81,6 +81,20 @@ def bench(fn: Callable[[], Any], *, device: str = "cuda", warmup_ms: float = WAR
 _L2_FLUSH: Any = None
 
 
+def host_us(fn: Callable[[], Any], n: int = 200) -> tuple[float, float]:
+    """(host microseconds per call issuing ``n`` calls back to back with no sync inside the loop, microseconds per
+    call including the final sync). When the first is close to the second, the calls are host-bound."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
+
+
 def _flush_l2() -> None:
     import torch
     global _L2_FLUSH

@@ -159,15 +159,19 @@ def test_repeated_backward_is_stable_and_reuses_the_view():
     assert torch.equal(grads[0][1], grads[-1][1]) and torch.equal(grads[0][2], grads[-1][2])
 
 
-@pytest.mark.parametrize("D, dtype, pattern", [(128, torch.float16, "topk_per_head"), (64, torch.bfloat16, "causal"),
-                                                (128, torch.bfloat16, "empty_rows_cols")])
-def test_deterministic_mode_is_bitwise_reproducible(D, dtype, pattern, monkeypatch):
+@pytest.mark.parametrize("D, dtype, pattern, Sq", [
+    (128, torch.float16, "topk_per_head", 1777), (64, torch.bfloat16, "causal", 1777),
+    (128, torch.bfloat16, "empty_rows_cols", 1777),
+    # the last query block's second 64-row half lies wholly past seq_q (seq_q % 128 in 1..64): it has no dQ turn
+    # counter (once, its adds bumped the next head's counters and deadlocked the kernel)
+    (128, torch.bfloat16, "topk_per_head", 777), (64, torch.float16, "causal", 1600)])
+def test_deterministic_mode_is_bitwise_reproducible(D, dtype, pattern, Sq, monkeypatch):
     """torch.use_deterministic_algorithms selects the ordered-dQ kernel: the same gradients bit for bit, run after
     run, and as accurate as the fast mode."""
     used = []
     inner = ab._attn_bwd_cuda
     monkeypatch.setattr(ab, "_attn_bwd_cuda", lambda *a: used.append(ab._bwd_config(a[-1])) or inner(*a))
-    B, H, Hkv, Sq, Sk = 2, 4, 2, 1777, 2000
+    B, H, Hkv, Sk = 2, 4, 2, 2000
     layout, causal = _layouts(Sq, Sk, H)[pattern]
     layout = layout.to("cuda")
     q, k, v, do, glse = _inputs(B, H, Hkv, Sq, Sk, D, dtype)

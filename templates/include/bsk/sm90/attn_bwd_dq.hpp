@@ -65,7 +65,9 @@ CUTLASS_DEVICE void reduce_dq(BlkCoord const& blk_coord, typename Mainloop::Para
       int rank = __ldg(col.rank + i / kTilesPerBlockM) * kTilesPerBlockN +
                  int(get<1>(blk_coord)) % kTilesPerBlockN;
       pipeline_reducer.consumer_wait(smem_pipe_read_reducer);
-      if (lane_predicate) {
+      // A tile wholly past seq_q (the last query block's second half when seq_q % 128 is 1..64) has no rows and no
+      // counter: q_tile would index the next head's counters, bump them out of order and deadlock that head.
+      if (lane_predicate && q_tile * Mainloop::kTileQ < get<2>(problem_size)) {
         wait_turn(sem_bh + q_tile, rank);
         copy(params.tma_red_dq, tDQsDQ(_, _, _, smem_pipe_read_reducer.index()), tDQgDQ(_, _, _, q_tile));
         tma_store_arrive();

@@ -332,6 +332,34 @@ def test_attn_fwd_autograd_calls_attn_bwd_under_fake_tensors():
         assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
 
 
+@pytest.mark.parametrize("with_lse", [False, True])
+def test_eager_autograd_function_matches_the_op_backward(with_lse):
+    """EagerAttention (the dispatcher-free eager path) feeds the same saved tensors, metadata and gradients to the
+    backward's body as the op's registered autograd: on CPU tensors both run the dense formulas."""
+    lay = _layouts()["causal_odd"]
+    B, H, Hkv, D, dtype = 1, 4, 2, 64, torch.float16
+    scale = 0.7 / math.sqrt(D)
+    q, k, v, do, glse = _case(lay, B, H, Hkv, D, dtype, seed=11)
+    o_ref, lse_ref = attention_reference(q.double(), k.double(), v.double(), lay, scale=scale)
+    fwd = AttentionConfig(head_dim=D, dtype=DType.FP16, tile_n=128, stages=2).to_json()
+    meta = [lay.window_left, lay.window_right, lay.n_kblocks, 1, 0]
+    launch = lambda q, k, v: (o_ref.to(dtype), lse_ref.float())  # noqa: E731 - stands in for the kernel
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    o, lse = ab.EagerAttention.apply(qg, kg, vg, launch, lay.col_idx, lay.block_kind, lay.row_schedule(), meta,
+                                     scale, fwd)
+    outs, grads = ([o, lse], [do, glse]) if with_lse else ([o], [do])
+    torch.autograd.backward(outs, grads)
+    want = ab.attn_bwd(q, k, v, o.detach(), lse.detach(), do, glse if with_lse else None, lay.col_idx,
+                       lay.block_kind, lay.row_schedule(), meta, scale, ab.bwd_config_json(fwd))
+    for got, ref in zip((qg.grad, kg.grad, vg.grad), want):
+        assert torch.equal(got, ref)
+    with pytest.raises(RuntimeError, match="differentiable"):  # no silent wrong double backward
+        o2, _ = ab.EagerAttention.apply(qg, kg, vg, launch, lay.col_idx, lay.block_kind, lay.row_schedule(), meta,
+                                        scale, fwd)
+        g, = torch.autograd.grad(o2, qg, do.clone().requires_grad_(), create_graph=True)
+        g.sum().backward()
+
+
 def test_bad_inputs_are_rejected():
     lay = BlockSparseLayout.causal(200)
     q = torch.randn(1, 2, 200, 64, dtype=torch.float16)

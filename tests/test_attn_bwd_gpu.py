@@ -191,6 +191,36 @@ def test_deterministic_mode_is_bitwise_reproducible(D, dtype, pattern, Sq, monke
             assert torch.equal(a, b), f"{name} differs between deterministic runs"
 
 
+@pytest.mark.parametrize("pattern", ["topk_per_head", "split_kv"])
+def test_eager_autograd_and_the_op_path_agree_bitwise(pattern):
+    """A plain eager call runs EagerAttention (no dispatcher); under a TorchFunctionMode the same call goes through
+    the ops and their registered autograd. Deterministic mode: the same gradients and outputs bit for bit."""
+    from torch.overrides import TorchFunctionMode
+
+    class _Passthrough(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    D, dtype = 128, torch.bfloat16
+    if pattern == "split_kv":  # the shapes of test_gradients_through_a_split_kv_forward
+        from test_split_kv import global_rows
+        layout, causal = global_rows(5120 + 77, heads=2, band=0, n_random=1, seed=9), False
+        q, k, v, do, glse = _inputs(1, 2, 2, layout.seq_q, layout.seq_k, D, dtype)
+    else:
+        layout, causal = _layouts(777, 1000, 4)[pattern]
+        q, k, v, do, glse = _inputs(2, 4, 4, 777, 1000, D, dtype)
+    layout = layout.to("cuda")
+    got = []
+    for mode in (None, _Passthrough):
+        qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        with mode() if mode else torch.enable_grad():
+            o, lse = bsk.sparse_attention(qg, kg, vg, layout, causal=causal, return_lse=True, deterministic=True)
+        assert (type(o.grad_fn).__name__ == "EagerAttentionBackward") == (mode is None), o.grad_fn
+        torch.autograd.backward([o, torch.where(torch.isinf(lse), 0.0, lse)], [do, glse])
+        got.append((o, lse, qg.grad, kg.grad, vg.grad))
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), *got):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("pattern", ["dense", "causal", "topk_per_head", "empty_rows_cols"])

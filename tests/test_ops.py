@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import blackwell_sparsek as bsk
 from blackwell_sparsek.errors import InputError
 from blackwell_sparsek.ops import default_config
-from blackwell_sparsek.ops.attention import _attn_fwd_impl, _check_op_call, _direct_call_ok, _meta
+from blackwell_sparsek.ops.attention import _attn_fwd_impl, _check_op_call, _direct_path, _meta
 
 
 class _Sub(torch.Tensor):
@@ -29,20 +29,28 @@ def _qkv(**kw):
 
 
 def test_plain_tensors_call_the_implementation_directly():
-    assert _direct_call_ok(*_qkv())
+    assert _direct_path(*_qkv()) == "launch"
     with torch.no_grad():
-        assert _direct_call_ok(*_qkv(requires_grad=True))
-
-
-def test_autograd_modes_and_subclasses_go_through_the_dispatcher():
+        assert _direct_path(*_qkv(requires_grad=True)) == "launch"
     q, k, v = _qkv()
-    assert not _direct_call_ok(q, k, v.requires_grad_())
-    assert not _direct_call_ok(q.as_subclass(_Sub), k, v.detach())
+    assert _direct_path(q, k, v.requires_grad_()) == "autograd"  # EagerAttention, not the op's autograd
+
+
+def test_modes_subclasses_and_transforms_go_through_the_dispatcher():
+    q, k, v = _qkv()
+    assert _direct_path(q.as_subclass(_Sub), k, v.detach()) is None
     with _DispatchLog():
-        assert not _direct_call_ok(*_qkv())
+        assert _direct_path(*_qkv()) is None
     with _FunctionLog():
-        assert not _direct_call_ok(*_qkv())
-    assert _direct_call_ok(*_qkv())
+        assert _direct_path(*_qkv()) is None
+    seen = []
+
+    def f(x):
+        seen.append(_direct_path(x, k, v))
+        return x.sum()
+    torch.func.grad(f)(torch.ones(1, 1, 4, 8))
+    assert seen == [None]  # torch.func needs the op's registered autograd
+    assert _direct_path(*_qkv()) == "launch"
 
 
 def test_row_schedule_argument_checked_before_any_kernel():

@@ -10,7 +10,7 @@ op). Argument checks live in ``_checks``.
 from __future__ import annotations
 
 import warnings
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Optional
 
 import torch
@@ -132,15 +132,18 @@ def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col_idx: torch.
     return _attn_fwd_impl(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json)
 
 
-def _direct_call_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Eager calls skip the dispatcher (tens of microseconds a call on a slow host, as much as a short kernel)
-    when it would only forward to _attn_fwd_impl: plain tensors, no TorchDispatchMode or TorchFunctionMode
-    active, and no input that needs autograd (the op's registered backward needs the dispatcher path)."""
+def _direct_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """How an eager call skips the dispatcher (tens of microseconds a call on a slow host, as much as a short
+    kernel; with autograd, hundreds): "launch" (no input needs autograd), "autograd" (through
+    attention_bwd.EagerAttention), or None (the ops: a tensor subclass, a TorchDispatchMode or TorchFunctionMode,
+    or a torch.func transform is active, and those need the ops' registrations)."""
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
-        return False
+        return None
     if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
-        return False
-    return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        return None
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return "launch"
+    return "autograd" if torch._C._functorch.peek_interpreter_stack() is None else None
 
 
 def _fake_outputs(q, k):
@@ -298,20 +301,39 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
                           else "no nvcc to build the kernel and no cached build")
         o, lse = _fallback(q, k, v, layout, scale)
         return (o, lse) if return_lse else o
-    # Plain eager calls launch directly: every argument is checked above and the index tensors are the layout's
-    # own; other calls go through the dispatcher to the op, which checks its arguments itself.
+    # Plain eager calls launch directly (through EagerAttention when they need gradients): every argument is
+    # checked above and the index tensors are the layout's own; other calls go through the dispatcher to the op,
+    # which checks its arguments itself.
+    path = _direct_path(q, k, v)
+    meta = _meta(lay, det)
+    # the backward's view of the rows (a split-KV forward without gradients has no use for it)
+    row_sched = None if path == "launch" and dispatch.is_split(cfg_json) else lay.row_schedule()
     if dispatch.is_split(cfg_json):
         split = list(lay.split_plan())
-        if _direct_call_ok(q, k, v):
-            o, lse = _split.launch_split(q, k, v, lay.col_idx, lay.block_kind, lay.split_schedule(),
-                                         _meta(lay, det), split, scale, cfg_json)
-        else:
-            o, lse = _split.attn_fwd_split(q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(),
-                                           lay.split_schedule(), _meta(lay, det), split, scale, cfg_json)
+        if path is None:
+            o, lse = _split.attn_fwd_split(q, k, v, lay.col_idx, lay.block_kind, row_sched, lay.split_schedule(),
+                                           meta, split, scale, cfg_json)
+            return (o, lse) if return_lse else o
+        launch = partial(_split.launch_split, col_idx=lay.col_idx, block_kind=lay.block_kind,
+                         split_sched=lay.split_schedule(), meta=meta, split=split, scale=scale,
+                         config_json=cfg_json)
+    elif path is None:
+        o, lse = _attn_fwd(q, k, v, lay.col_idx, lay.block_kind, row_sched, meta, scale, cfg_json)
         return (o, lse) if return_lse else o
-    fwd = _launch if _direct_call_ok(q, k, v) else _attn_fwd
-    o, lse = fwd(q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(), _meta(lay, det), scale, cfg_json)
+    else:
+        launch = partial(_launch, col_idx=lay.col_idx, block_kind=lay.block_kind, row_sched=row_sched, meta=meta,
+                         scale=scale, config_json=cfg_json)
+    if path == "launch":
+        o, lse = launch(q, k, v)
+    else:
+        o, lse = _bwd().EagerAttention.apply(q, k, v, launch, lay.col_idx, lay.block_kind, row_sched, meta, scale,
+                                             cfg_json)
     return (o, lse) if return_lse else o
+
+
+def _bwd():
+    from . import attention_bwd  # it imports this module
+    return attention_bwd
 
 
 def _traced_kernel_call(q, k, v, layout, causal: bool, det: int, scale: float, cfg_json: str):

@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import attention as _fwd  # noqa: F401  (defines blackwell_sparsek::attn_fwd, whose autograd this registers)
 from ..errors import InputError, InvalidConfigError
@@ -268,6 +269,11 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
              config_json: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of blackwell_sparsek::attn_fwd. meta = [window_left, window_right, n_kblocks, rank_major] as the
     forward got it; config_json: the attn_bwd config (bwd_config_json of the forward's)."""
+    return _attn_bwd_impl(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale, config_json)
+
+
+def _attn_bwd_impl(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale, config_json):
+    """attn_bwd's body: what the op runs, and what an eager backward calls without the dispatcher."""
     _check(q, k, v, o, lse, do, _bwd_config(config_json))
     check_backward_limits(q, k, v)
     if q.is_cuda:
@@ -301,19 +307,42 @@ def deterministic_from_meta(meta) -> bool:
     return torch.are_deterministic_algorithms_enabled()
 
 
-def _backward(ctx, grad_o, grad_lse):
-    """dQ, dK, dV through attn_bwd; the deterministic kernel (bitwise-identical gradients run to run) when
-    deterministic_from_meta says so."""
+def _grads(ctx, grad_o, grad_lse, bwd=attn_bwd):
+    """dQ, dK, dV of the saved forward through ``bwd`` (the attn_bwd op, or its body for an eager call); the
+    deterministic kernel (bitwise-identical gradients run to run) when deterministic_from_meta says so."""
     q, k, v, o, lse, col_idx, block_kind, row_sched = ctx.saved_tensors
     if grad_o is None:
         grad_o = torch.zeros_like(o)
     det = deterministic_from_meta(ctx.meta)
-    dq, dk, dv = attn_bwd(q, k, v, o, lse, grad_o, grad_lse, col_idx, block_kind, row_sched, ctx.meta, ctx.scale,
-                          bwd_config_json(ctx.config_json, det))
-    return dq, dk, dv, None, None, None, None, None, None
+    return bwd(q, k, v, o, lse, grad_o, grad_lse, col_idx, block_kind, row_sched, ctx.meta, ctx.scale,
+               bwd_config_json(ctx.config_json, det))
+
+
+def _backward(ctx, grad_o, grad_lse):
+    return (*_grads(ctx, grad_o, grad_lse), None, None, None, None, None, None)
 
 
 torch.library.register_autograd("blackwell_sparsek::attn_fwd", _backward, setup_context=_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """Forward and backward of an eager sparse_attention call that needs gradients, without the dispatcher: the
+    op's autograd (which torch.compile, dispatch modes, subclasses and torch.func use) costs some hundred
+    microseconds of host time a step, more than a short kernel. ``launch(q, k, v) -> (o, lse)`` runs the forward
+    kernel on arguments sparse_attention has checked; the rest are the forward op's arguments (row_sched: the
+    layout's row_schedule(), which the backward reads)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, launch, col_idx, block_kind, row_sched, meta, scale, config_json):
+        o, lse = launch(q, k, v)
+        ctx.set_materialize_grads(False)  # an unused LSE costs no zero-filled gradient
+        _setup_context(ctx, (q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json), (o, lse))
+        return o, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_o, grad_lse):
+        return (*_grads(ctx, grad_o, grad_lse, _attn_bwd_impl), None, None, None, None, None, None, None)
 
 
 __all__ = ["attn_bwd", "transposed_view", "element_mask", "bwd_config_json", "deterministic_from_meta"]

@@ -126,7 +126,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grad_o, grad_lse):
-    dq, dk, dv = _bwd._backward(ctx, grad_o, grad_lse)[:3]
+    dq, dk, dv = _bwd._grads(ctx, grad_o, grad_lse)
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 

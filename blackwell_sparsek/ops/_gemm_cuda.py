@@ -61,10 +61,12 @@ def problems(*, op: str = "dsd", dtype=None, out_dtype=None, block_m: int = 128,
 
 
 # Ops whose CTA-pair kernels (cluster 2: the A tile multicast across the pair) measured faster than the single-CTA
-# ones in the same run (dev/gemm_kernel_bench.py, bench/results/h100/bsr_gemm_kernels.txt); empty until measured.
-PAIR_FASTER: frozenset[Op] = frozenset()
-# Ops whose TMA-store epilogue measured faster than the direct one in the same run; empty until measured.
-TMA_EPI_FASTER: frozenset[Op] = frozenset()
+# ones in the same run (dev/gemm_kernel_bench.py --schedules; bench/results/*/bsr_gemm_kernels.txt): SDD on the
+# H100 (+5 % with the TMA epilogue; on the H200 within 1 % of single CTAs).
+PAIR_FASTER: frozenset[Op] = frozenset({Op.SDD})
+# Ops whose TMA-store epilogue measured faster than the direct one in the same run: SDD on both GPUs (its output
+# is whole blocks, written as one tile each).
+TMA_EPI_FASTER: frozenset[Op] = frozenset({Op.SDD})
 
 
 @lru_cache(maxsize=256)

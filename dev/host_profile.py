@@ -38,6 +38,7 @@ def cases():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--gpu-trace", action="store_true", help="also each case's kernels: device us per call")
     a = ap.parse_args()
     print(f"GPU: {torch.cuda.get_device_name()}")
     for name, fn in cases().items():
@@ -52,6 +53,26 @@ def main():
         s = io.StringIO()
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(a.top)
         print("\n".join(s.getvalue().splitlines()[6:]))
+        if a.gpu_trace:
+            gpu_trace(fn)
+
+
+def gpu_trace(fn, n: int = 50) -> None:
+    """Device time per call of each kernel (and memset/memcpy) of ``fn``, and their sum: a call whose host time
+    exceeds the sum is host-bound; one whose device sum is far above the kernels it should run runs extra work."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.count / n, getattr(e, "device_time_total", 0) / n) for e in prof.key_averages()
+            if getattr(e, "device_time_total", 0) > 0]
+    rows.sort(key=lambda r: -r[2])
+    for key, cnt, us in rows[:12]:
+        print(f"   gpu {us:9.1f} us/call  x{cnt:.1f}  {key[:110]}")
+    print(f"   gpu sum {sum(r[2] for r in rows):.1f} us/call")
 
 
 if __name__ == "__main__":

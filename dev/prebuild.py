@@ -49,6 +49,8 @@ def attention_configs() -> list:
     from blackwell_sparsek.bench import blocks64  # the 64-row block bench's dual / single / default kernels
     for _, (_, _, _, d), (bm, bn), _, scheds in blocks64.CASES:
         cfgs += [c for _, c in blocks64._configs(d, bm, bn, scheds)]
+    from blackwell_sparsek.bench import short_rows  # every schedule on the short-rows bench's layouts
+    cfgs += [c for d in (128, 64) for k in (2, 4, 8) for c in short_rows._configs(d, k)[1].values()]
     skewed = L.global_local(5120 + 50, n_global=2, window=200)  # split-KV tests and bench
     for d, dt in ((128, b16), (64, f16), (128, f16)):
         cfgs += [default_config(d, dt, skewed, schedule=s) for s in (Schedule.COOPERATIVE, Schedule.PINGPONG)]

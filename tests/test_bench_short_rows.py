@@ -7,13 +7,13 @@ from blackwell_sparsek.bench import short_rows
 from blackwell_sparsek.jit.spec import KernelConfig
 
 
-def test_configs_are_the_default_and_the_other_schedule(capsys):
+def test_configs_are_the_default_and_every_other_schedule(capsys):
     assert short_rows.main(["--configs", "--k", "2", "8", "--d", "128"]) == 0
     cfgs = [KernelConfig.from_json(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(cfgs) == 4  # per k: the default and the other two-warpgroup schedule, no duplicate
+    assert len(cfgs) == 8  # per k: the default and the three other schedules, no duplicate
     assert all(c.head_dim == 128 and c.dtype.name == "FP16" for c in cfgs)
-    for a, b in (cfgs[:2], cfgs[2:]):
-        assert {a.schedule.value, b.schedule.value} == {"pingpong", "cooperative"}
+    for per_k in (cfgs[:4], cfgs[4:]):
+        assert sorted(c.schedule.value for c in per_k) == ["cooperative", "dual", "pingpong", "single"]
 
 
 def test_table_reports_the_burst_ratio():

@@ -360,6 +360,29 @@ def test_eager_autograd_function_matches_the_op_backward(with_lse):
         g.sum().backward()
 
 
+@pytest.mark.parametrize("D, block", [(256, 128), (64, 64)], ids=["d256", "block64"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_no_backward_kernel_is_refused_before_the_forward(D, block, compiled, monkeypatch):
+    """Inputs that need gradients on a config no backward kernel serves: InvalidConfigError naming the fix before
+    any forward runs (on the CPU fallback as on the GPU), not in the middle of backward(); without grad it runs."""
+    import warnings
+    import blackwell_sparsek as bsk
+    from blackwell_sparsek.ops import attention as fa
+    ran = []
+    monkeypatch.setattr(fa, "_fallback", lambda *a: ran.append(1) or (_ for _ in ()).throw(AssertionError("ran")))
+    lay = BlockSparseLayout.random_topk(300, 2, seed=0, block_m=block, block_n=block)
+    q, k, v = (torch.randn(1, 2, 300, D, dtype=torch.float16, requires_grad=True) for _ in range(3))
+    fn = torch.compile(bsk.sparse_attention, backend="eager") if compiled else bsk.sparse_attention
+    with pytest.raises(InvalidConfigError, match="head_dim 256 is not supported by the backward" if D == 256
+                       else "build the layout with block_n=128"):
+        fn(q, k, v, lay)
+    assert not ran
+    monkeypatch.undo()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert bsk.sparse_attention(q, k, v, lay).shape == q.shape
+
+
 def test_bad_inputs_are_rejected():
     lay = BlockSparseLayout.causal(200)
     q = torch.randn(1, 2, 200, 64, dtype=torch.float16)

@@ -268,7 +268,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
     check_layout_arg(layout)
     check_strides(q, k, v)
     check_launch_limits(q, k, v)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad:
         check_backward_limits(q, k, v)
     compiling = torch.compiler.is_compiling()
     if causal:
@@ -283,6 +284,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
         # layout. The config is a trace-time constant (validated like the eager path's).
         cfg_json = dispatch.config_json_traced(config, D, q.dtype, layout.block_m, layout.block_n,
                                                layout.row_stats(), layout.split_plan())
+        if needs_grad:
+            dispatch.check_backward_config(cfg_json, det)
         if q.device.type != "cuda":  # the eager path's fallback, as an op the graph can hold
             o, lse = _attn_fwd_reference(q, k, v, layout.row_ptr, layout.col_idx, layout.block_kind,
                                          [layout.block_m, layout.block_n, layout.window_left, layout.window_right],
@@ -296,6 +299,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
 
     check_pointers(q, k, v)
     cfg_json, lay = _eager_plan(layout, config, D, q.dtype, q.device)
+    if needs_grad:
+        dispatch.check_backward_config(cfg_json, det)
     if lay is None:
         _fallback_warning("the inputs are not on a CUDA device" if not q.is_cuda
                           else "no nvcc to build the kernel and no cached build")

@@ -215,6 +215,26 @@ def _config_json_const(config, head_dim, dtype, block_m, block_n, stats, split) 
         return "", str(e)
 
 
+def check_backward_config(cfg_json: str, deterministic: int) -> None:
+    """Before a forward whose inputs need gradients: InvalidConfigError (naming the fix) when no backward kernel
+    serves the forward's config (head_dim 256, key blocks not a multiple of 128), rather than after the forward
+    ran. Every path checks it, the CPU fallback and torch.compile included."""
+    error = _backward_problem(cfg_json, deterministic == 1)
+    if error:
+        raise InvalidConfigError(error)
+
+
+@torch.compiler.assume_constant_result
+def _backward_problem(cfg_json: str, deterministic: bool) -> str:
+    """"" or the InvalidConfigError's message (a torch.compile constant, as _config_json_const)."""
+    from .attention_bwd import bwd_config_json
+    try:
+        bwd_config_json(cfg_json, deterministic)
+        return ""
+    except InvalidConfigError as e:
+        return str(e)
+
+
 @lru_cache(maxsize=None)
 def kernel_available(cfg: AttentionConfig) -> bool:
     """True when the kernel is cached or can be compiled here (so a missing nvcc can fall back)."""

@@ -60,10 +60,12 @@ def _layouts(Sq, Sk, H):
     }
 
 
-def _check_grads(q, k, v, do, glse, layout, causal, scale=None):
-    """Ours through torch.autograd (sparse_attention, eager) against the float64 reference's autograd."""
+def _check_grads(q, k, v, do, glse, layout, causal, scale=None, deterministic=None):
+    """Ours through torch.autograd (sparse_attention, eager) against the float64 reference's autograd; returns the
+    relative errors and our gradients."""
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    o, lse = bsk.sparse_attention(qg, kg, vg, layout, causal=causal, scale=scale, return_lse=True)
+    o, lse = bsk.sparse_attention(qg, kg, vg, layout, causal=causal, scale=scale, return_lse=True,
+                                  deterministic=deterministic)
     ref_lay = layout.with_causal() if causal else layout
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
     ro, rlse = attention_reference(qd, kd, vd, ref_lay, scale=scale)
@@ -81,7 +83,7 @@ def _check_grads(q, k, v, do, glse, layout, causal, scale=None):
         assert errs[name] <= tol, f"{name}: relative error {errs[name]:.3e} > {tol}"
     if empty.any():
         assert (qg.grad.float()[empty] == 0).all(), "empty query rows must get dQ = 0"
-    return errs
+    return errs, (qg.grad, kg.grad, vg.grad)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -92,6 +94,24 @@ def test_gradients_match_reference(pattern, D, dtype):
     layout, causal = _layouts(Sq, Sk, H)[pattern]
     q, k, v, do, glse = _inputs(B, H, Hkv, Sq, Sk, D, dtype)
     _check_grads(q, k, v, do, glse, layout.to("cuda"), causal)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
+@pytest.mark.parametrize("block", [(64, 128), (256, 128), (128, 256)], ids=lambda b: f"{b[0]}x{b[1]}")
+def test_other_block_shapes(block, deterministic):
+    """Block shapes besides 128x128 (the forward tests' layouts, seq_q 777 so the last 256-row block has 9 rows and
+    three 64-row dQ tiles past seq_q): gradients against float64, and the deterministic kernel bitwise repeatable
+    (256-key blocks are two CTAs that take consecutive dQ turns)."""
+    bm, bn = block
+    for layout, causal in ((L.random_topk(seq_q=777, seq_k=1300, k=3, seed=5, num_heads=2, block_m=bm, block_n=bn),
+                            False), (L.dense(seq_q=777, seq_k=1300, block_m=bm, block_n=bn), True)):
+        layout = layout.to("cuda")
+        q, k, v, do, glse = _inputs(1, 2, 2, 777, 1300, 128, torch.float16)
+        _, first = _check_grads(q, k, v, do, glse, layout, causal, deterministic=deterministic)
+        if deterministic:
+            _, again = _check_grads(q, k, v, do, glse, layout, causal, deterministic=True)
+            for name, a, b in zip(("dq", "dk", "dv"), first, again):
+                assert torch.equal(a, b), f"{name} differs between deterministic runs"
 
 
 @pytest.mark.parametrize("D,dtype", [(128, torch.bfloat16)], ids=["d128bf16"])

@@ -33,3 +33,9 @@ for x_ in w[:5]:
 for name, fn in (("fwd+bwd step", step), ("fwd (grad-recording)", fwd), ("trivial autograd.grad", trivial)):
     issue, total = host_us(fn)
     print(f"{name:24s} host {issue:7.1f} us issuing, {total:7.1f} with sync; do_bench {do_bench(fn) * 1e3:7.1f} us")
+from blackwell_sparsek.bench.backward import fwd_bwd_flex, fwd_bwd_ours  # noqa: E402
+
+topk = L.random_topk(8192, k=16, seed=0, num_heads=8)
+ours = fwd_bwd_ours(topk, 1, 8, 8192, 64, torch.float16)
+flex = fwd_bwd_flex(topk, 1, 8, 8192, 64, torch.float16)
+print(f"bench-bwd's fwd+bwd (do_bench ms): ours {ours:.3f}, flex {flex:.3f}, ours vs flex {flex / ours:.2f}x")

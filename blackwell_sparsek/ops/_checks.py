@@ -200,6 +200,9 @@ def check_backward_limits(q, k, v) -> None:
     dK/dV per query head under GQA) below 2^31 elements. Checked before a forward that will need the backward."""
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
+    if max(H * Sq * D, H * Sk * D, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2]) <= INT32_MAX:
+        return  # the common case, once per training step: no per-size bookkeeping
     sizes = (("H*Sq*D (O, dO, dQ per batch entry)", H * Sq * D), ("H*Sk*D (dK, dV per batch entry)", H * Sk * D),
              *((f"{n} stride {i}", t.stride(i)) for n, t in (("q", q), ("k", k), ("v", v)) for i in range(3)))
     for what, n in sizes:  # a plain loop: torch.compile traces this check too

@@ -16,7 +16,7 @@ densely in float64 (tests; the public API's CPU fallback is the reference's own 
 from __future__ import annotations
 
 import weakref
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Optional
 
 import torch
@@ -179,7 +179,9 @@ def _check(q, k, v, o, lse, do, cfg: AttnBwdConfig) -> None:
                          f"{tuple(o.shape[:3])}, got {lse.dtype} {tuple(lse.shape)}")
 
 
-def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale, config_json):
+def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale, config_json,
+                   trusted: bool = False):
+    """``trusted``: q, k, v were checked by the eager forward and o is its output (TMA-ready, strides in range)."""
     cfg = _bwd_config(config_json)
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -187,7 +189,7 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
         do = do.to(q.dtype)
     if not _tma_ready(do):
         do = do.contiguous()
-    for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+    for name, t in () if trusted else (("q", q), ("k", k), ("v", v), ("o", o)):
         if not _tma_ready(t):
             raise InputError(f"{name} strides {t.stride()} (or its address) are not 16-byte aligned for TMA")
     lse = lse.contiguous()
@@ -272,13 +274,16 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     return _attn_bwd_impl(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale, config_json)
 
 
-def _attn_bwd_impl(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale, config_json):
-    """attn_bwd's body: what the op runs, and what an eager backward calls without the dispatcher."""
+def _attn_bwd_impl(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale, config_json,
+                   trusted: bool = False):
+    """attn_bwd's body: what the op runs, and what an eager backward calls without the dispatcher (``trusted``:
+    the arguments of a forward sparse_attention checked, so only dO and the config are checked again)."""
     _check(q, k, v, o, lse, do, _bwd_config(config_json))
-    check_backward_limits(q, k, v)
+    if not trusted:
+        check_backward_limits(q, k, v)
     if q.is_cuda:
         return _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale,
-                              config_json)
+                              config_json, trusted)
     return _attn_bwd_dense(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale,
                            config_json)
 
@@ -342,7 +347,8 @@ class EagerAttention(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_o, grad_lse):
-        return (*_grads(ctx, grad_o, grad_lse, _attn_bwd_impl), None, None, None, None, None, None, None)
+        return (*_grads(ctx, grad_o, grad_lse, partial(_attn_bwd_impl, trusted=True)), None, None, None, None, None,
+                None, None)
 
 
 __all__ = ["attn_bwd", "transposed_view", "element_mask", "bwd_config_json", "deterministic_from_meta"]

@@ -190,7 +190,7 @@ def test_deterministic_mode_is_bitwise_reproducible(D, dtype, pattern, Sq, monke
     run, and as accurate as the fast mode."""
     used = []
     inner = ab._attn_bwd_cuda
-    monkeypatch.setattr(ab, "_attn_bwd_cuda", lambda *a: used.append(ab._bwd_config(a[-1])) or inner(*a))
+    monkeypatch.setattr(ab, "_attn_bwd_cuda", lambda *a, **kw: used.append(ab._bwd_config(a[12])) or inner(*a, **kw))
     B, H, Hkv, Sk = 2, 4, 2, 2000
     layout, causal = _layouts(Sq, Sk, H)[pattern]
     layout = layout.to("cuda")
@@ -252,7 +252,7 @@ def test_split_dq_kernel(pattern, dtype, deterministic, monkeypatch):
     monkeypatch.setattr(ab, "bwd_config_json", lambda fwd, det=False, dq_split=None: inner(fwd, det, True))
     used = []
     run = ab._attn_bwd_cuda
-    monkeypatch.setattr(ab, "_attn_bwd_cuda", lambda *a: used.append(ab._bwd_config(a[-1])) or run(*a))
+    monkeypatch.setattr(ab, "_attn_bwd_cuda", lambda *a, **kw: used.append(ab._bwd_config(a[12])) or run(*a, **kw))
     B, H, Hkv, Sq, Sk, D = 2, 4, 2, 1777, 2000, 128
     layout, causal = _layouts(Sq, Sk, H)[pattern]
     layout = layout.to("cuda")

@@ -283,7 +283,7 @@ def _attn_bwd_impl(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
         check_backward_limits(q, k, v)
     if q.is_cuda:
         return _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale,
-                              config_json, trusted)
+                              config_json, trusted=trusted)
     return _attn_bwd_dense(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched, meta, scale,
                            config_json)
 

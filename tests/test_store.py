@@ -20,7 +20,7 @@ from blackwell_sparsek import cli
 from blackwell_sparsek.jit import kernels
 from blackwell_sparsek.jit.spec import get_config
 from blackwell_sparsek.errors import CacheError, EnvError, KernelCompileError, UnsafeCacheError
-from blackwell_sparsek.jit import store
+from blackwell_sparsek.jit import store, trust
 
 NAME = "bsk_sm90a_attn_fwd_d64_fp16_t128x128_coop_s8_b128x128"
 IS_ROOT = os.geteuid() == 0
@@ -125,7 +125,7 @@ def test_planted_so_in_world_writable_cache_is_refused(fake_nvcc, cfg, bsk_cache
 def test_entry_owned_by_another_user_is_refused(fake_nvcc, cfg, bsk_cache, monkeypatch):
     kernels.ensure_built(cfg)
     kernels.clear_loaded()
-    monkeypatch.setattr(store, "_trusted_uids", lambda: {123456})  # our files now look like someone else's
+    monkeypatch.setattr(trust, "trusted_uids", lambda: {123456})  # our files now look like someone else's
     with pytest.raises(UnsafeCacheError, match="owned by uid"):
         kernels.build(cfg)
 

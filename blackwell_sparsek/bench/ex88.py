@@ -41,7 +41,7 @@ from ..jit.compiler import _Progress as compiler_progress
 from ..jit.compiler import cutlass_root, describe_exit, nvcc_version, read_cutlass_version, run_compiler
 from ..jit.compiler import find_nvcc as compiler_find_nvcc
 from ..errors import KernelCompileError, ToolchainError
-from ..jit import store
+from ..jit import store, trust
 from ..jit.store import sha256_file
 
 EX88 = "88_hopper_fmha"
@@ -264,7 +264,7 @@ def _check_user_binary(p: Path) -> None:
     """BSK_EX88_BIN runs as this user: it and its directory must be writable by nobody but its owner, who must be
     this user or root (the store's rule for what it runs)."""
     for q in (p.parent.resolve(), p.resolve()):
-        store.check_path(q)
+        trust.check_path(q)
 
 
 def locate(*, build_if_missing: bool = True, progress: bool = True) -> Path:

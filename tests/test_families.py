@@ -196,3 +196,17 @@ def test_attn_fwd_launch_args_fix_size1_strides():
                              0.1, 132)
     assert a["q_stride_b"] == 2 * 256 * 64 and a["q_stride_h"] == 256 * 64 and a["q_stride_s"] == 64
     assert a["k_stride_h"] == 64 and a["k_stride_s"] == 128  # a (B, S, H, D) view keeps its strides
+
+
+@pytest.mark.parametrize("family", sorted(spec.families()))
+def test_int_and_bool_fields_take_only_ints_and_bools(family):
+    """Every family's fields declared int refuse bools, floats and strings, and those declared bool refuse ints:
+    one rule in KernelConfig.__post_init__, so a new family gets it without code of its own."""
+    cls = spec.families()[family]
+    fields = [f for f in dataclasses.fields(cls) if f.type in ("int", "bool")]
+    assert fields, family
+    for f in fields:
+        bad = (True, 1.0, "128") if f.type == "int" else (1, "yes")
+        for v in bad:
+            with pytest.raises(spec.InvalidConfigError, match=f"{f.name} must be an? {f.type}"):
+                cls(**{f.name: v})

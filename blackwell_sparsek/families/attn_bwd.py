@@ -71,17 +71,6 @@ class AttnBwdConfig(KernelConfig):
         ("scale", "float"),
     )
 
-    def __post_init__(self) -> None:
-        for name, cls in (("dtype", DType), ("arch", Arch)):
-            object.__setattr__(self, name, enum_from(cls, getattr(self, name)))
-        for name in ("head_dim", "tile_m", "tile_n", "block_m", "block_n"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise InvalidConfigError(f"{name} must be an int, got {v!r}")
-        for name in ("deterministic", "dq_split"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
-
     def to_dict(self) -> dict[str, Any]:
         """The canonical form; dq_split only when set, so the configs made before it existed keep their JSON and
         names."""

@@ -20,7 +20,6 @@ import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..errors import InvalidConfigError
 from ..jit.spec import Arch, DType, KernelConfig, register
 
 
@@ -88,13 +87,6 @@ class BsrGemmConfig(KernelConfig):
         ("m", "int"), ("n", "int"), ("k", "int"), ("nnz", "int"), ("n_items", "int"),
         ("alpha", "float"), ("beta", "float"), ("sm_count", "int"), ("strip", "int"),
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("block_m", "block_n", "tile_n", "stages", "cluster"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise InvalidConfigError(f"{name} must be an int, got {v!r}")
 
     @property
     def tile_m(self) -> int:

@@ -125,10 +125,18 @@ class KernelConfig:
     includes: ClassVar[tuple[str, ...]] = ("cutlass",)
 
     def __post_init__(self) -> None:
-        """Enum fields (those whose default is an enum member) accept the member, its name or its value."""
+        """Enum fields (those whose default is an enum member) accept the member, its name or its value; fields
+        declared ``int`` take ints (not bools: True would pass as 1), those declared ``bool`` take bools. A field
+        whose default is None (derived by the family, e.g. attn_fwd's tile_m) may stay None here."""
         for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
             if isinstance(f.default, enum.Enum):
-                object.__setattr__(self, f.name, enum_from(type(f.default), getattr(self, f.name)))
+                object.__setattr__(self, f.name, enum_from(type(f.default), v))
+            elif f.type in ("int", int) and not (v is None and f.default is None):
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise InvalidConfigError(f"{f.name} must be an int, got {v!r}")
+            elif f.type in ("bool", bool) and not isinstance(v, bool):
+                raise InvalidConfigError(f"{f.name} must be a bool, got {v!r}")
 
     # -- canonical form -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -120,3 +120,20 @@ def child_env():
         env.update(extra)
         return env
     return make
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny tensors: more threads only add contention on a busy CI box."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def poison_outputs(monkeypatch):
+    """BSK_POISON=1 for a GPU test: every output is NaN-filled before its kernel runs, so an unwritten element fails
+    the check. The GPU modules take it through their pytestmark; a test may set BSK_POISON=0 itself."""
+    monkeypatch.setenv("BSK_POISON", "1")

@@ -19,7 +19,7 @@ from blackwell_sparsek.jit.spec import load_named_configs
 from blackwell_sparsek.errors import InputError, LayoutError, InvalidConfigError
 from blackwell_sparsek.reference import attention_reference, relative_error
 
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (H100/H200)")]
 
 L = bsk.BlockSparseLayout
@@ -27,10 +27,6 @@ TOL = 1e-2
 _TORCH = {"FP16": torch.float16, "BF16": torch.bfloat16}
 _SEED = [1234]
 
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("BSK_POISON", "1")
 
 
 def _rand(*shape, dtype):

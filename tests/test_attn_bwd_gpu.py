@@ -15,17 +15,13 @@ import blackwell_sparsek as bsk
 import blackwell_sparsek.ops.attention_bwd as ab  # registers the autograd of blackwell_sparsek::attn_fwd
 from blackwell_sparsek.reference import attention_reference, relative_error
 
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (H100/H200)")]
 
 L = bsk.BlockSparseLayout
 _TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
 _SEED = [4321]
 
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("BSK_POISON", "1")
 
 
 def _rand(*shape, dtype=torch.float32):

@@ -16,7 +16,7 @@ from blackwell_sparsek import BlockSparseLayout, BlockSparseMatrix, InputError, 
 from blackwell_sparsek.ops import gemm as G
 from blackwell_sparsek.reference import relative_error, sampled_matmul_reference
 
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (H100/H200)"),
               pytest.mark.filterwarnings("error:blackwell_sparsek:RuntimeWarning")]
 
@@ -24,10 +24,6 @@ TOL = {torch.float16: 1e-2, torch.bfloat16: 1e-2}
 GTOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
 _SEED = [2700]
 
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("BSK_POISON", "1")
 
 
 def _gen():

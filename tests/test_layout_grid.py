@@ -96,12 +96,7 @@ def build(name, sq, sk, bm, bn, h):
     return CONSTRUCTORS[name](sq, sk, bm, bn, h)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.one_thread
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -14,13 +14,7 @@ from blackwell_sparsek.layout import BlockSparseLayout as L
 from test_layout import SIZES, assert_canonical, assert_contract, cdiv, rule_ref
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The tensors here are tiny: intra-op threads only add contention on a busy CI box."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.one_thread
 
 # ------------------------------------------------------------------------------------------------------------
 # transforms

@@ -21,17 +21,13 @@ from blackwell_sparsek.families.attn_fwd import Schedule
 from blackwell_sparsek.errors import BskError, InputError
 from blackwell_sparsek.reference import attention_reference, relative_error
 
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (H100/H200)")]
 
 L = bsk.BlockSparseLayout
 TOL = 1e-2
 _SEED = [4321]
 
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("BSK_POISON", "1")
 
 
 def _rand(*shape, dtype=torch.float16, device="cuda"):

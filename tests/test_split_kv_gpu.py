@@ -16,15 +16,11 @@ from blackwell_sparsek.reference import attention_reference, relative_error
 
 from test_split_kv import combine_reference, global_and_empty_rows, global_rows
 
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (H100/H200)")]
 L = bsk.BlockSparseLayout
 _SEED = [777]
 
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("BSK_POISON", "1")
 
 
 def _rand(*shape, dtype):

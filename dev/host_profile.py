@@ -14,7 +14,7 @@ import pstats
 import torch
 
 import blackwell_sparsek as bsk
-from blackwell_sparsek.bench.timing import host_us
+from blackwell_sparsek.bench.timing import host_us, kernel_us
 
 
 def cases():
@@ -60,16 +60,7 @@ def main():
 def gpu_trace(fn, n: int = 50) -> None:
     """Device time per call of each kernel (and memset/memcpy) of ``fn``, and their sum: a call whose host time
     exceeds the sum is host-bound; one whose device sum is far above the kernels it should run runs extra work."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    rows = [(e.key, e.count / n, getattr(e, "device_time_total", 0) / n) for e in prof.key_averages()
-            if getattr(e, "device_time_total", 0) > 0]
-    rows.sort(key=lambda r: -r[2])
+    rows = kernel_us(fn, n)
     for key, cnt, us in rows[:12]:
         print(f"   gpu {us:9.1f} us/call  x{cnt:.1f}  {key[:110]}")
     print(f"   gpu sum {sum(r[2] for r in rows):.1f} us/call")

@@ -69,6 +69,38 @@ def test_timing_cpu():
     assert lt.reps == 3 and lt.method == "loop5-perf_counter"
 
 
+def test_kernel_us_per_call_longest_first(monkeypatch):
+    """kernel_us (bench-bwd's breakdown, the split-KV combine time, dev/host_profile.py) from a faked profiler:
+    per-call launches and microseconds, host-only events dropped, longest first."""
+    import torch
+    import torch.profiler
+    from types import SimpleNamespace as E
+    from blackwell_sparsek.bench import split_kv, timing
+    events = [E(key="prep", count=20, device_time_total=400.0), E(key="aten::empty", count=40, device_time_total=0),
+              E(key="main", count=20, device_time_total=20000.0), E(key="bsk_split_combine", count=20,
+                                                                       device_time_total=1000.0)]
+
+    class FakeProfile:
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def key_averages(self):
+            return events
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    calls = []
+    rows = timing.kernel_us(lambda: calls.append(1), n=20)
+    assert len(calls) == 21  # one warm-up call
+    assert rows == [("main", 1.0, 1000.0), ("bsk_split_combine", 1.0, 50.0), ("prep", 1.0, 20.0)]
+    assert split_kv.combine_kernel_ms(lambda: None) == 0.05
+
+
 def test_harness_tiny_run_on_cpu(tmp_path):
     """Ours (reference fallback on CPU) + SDPA math: records, cross-checks, small reference checks, JSON, plots."""
     pytest.importorskip("torch")

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .timing import REP_MS, WARMUP_MS, bench, host_us
+from .timing import REP_MS, WARMUP_MS, bench, host_us, kernel_us
 
 
 def _dt(dtype) -> str:
@@ -115,17 +115,7 @@ class BwdCall:
 
 def breakdown(fn, n: int = 20) -> list[tuple[str, float]]:
     """Mean GPU time per kernel (and memset) of one call, from the torch profiler, microseconds."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-
-    def dev_us(e):
-        return getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0) or 0
-    rows = [(e.key, dev_us(e) / n) for e in prof.key_averages() if dev_us(e) > 0]
-    return sorted(rows, key=lambda r: -r[1])[:8]
+    return [(key, us) for key, _, us in kernel_us(fn, n)[:8]]
 
 
 def fwd_bwd_ours(layout, B, H, S, D, dtype) -> float:

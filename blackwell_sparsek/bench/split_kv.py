@@ -41,15 +41,8 @@ def _configs(d, dtype, lay):
 def combine_kernel_ms(fn, calls: int = 20) -> float | None:
     """Mean device time (ms) of the combine kernel in one call of fn, from the torch profiler (None: no such
     kernel ran, or the profiler saw no CUDA kernels)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    us = [e.device_time_total / e.count for e in prof.key_averages() if "split_combine" in e.key and e.count]
+    from .timing import kernel_us
+    us = [t for key, cnt, t in kernel_us(fn, calls) if "split_combine" in key and cnt]
     return us[0] / 1e3 if len(us) == 1 else None
 
 

@@ -95,6 +95,24 @@ def host_us(fn: Callable[[], Any], n: int = 200) -> tuple[float, float]:
     return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
 
 
+def kernel_us(fn: Callable[[], Any], n: int = 20) -> list[tuple[str, float, float]]:
+    """The device work of one call of ``fn`` from the torch profiler (one warm-up call first): (kernel or
+    memset/memcpy name, launches per call, microseconds per call), longest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+
+    def dev_us(e):  # the attribute's name changed across torch versions
+        return getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0) or 0
+    rows = [(e.key, e.count / n, dev_us(e) / n) for e in prof.key_averages() if dev_us(e) > 0]
+    return sorted(rows, key=lambda r: -r[2])
+
+
 def _flush_l2() -> None:
     import torch
     global _L2_FLUSH

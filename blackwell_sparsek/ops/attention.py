@@ -311,9 +311,10 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
     # which checks its arguments itself.
     path = _direct_path(q, k, v)
     meta = _meta(lay, det)
+    split_kv = dispatch.is_split(cfg_json)
     # the backward's view of the rows (a split-KV forward without gradients has no use for it)
-    row_sched = None if path == "launch" and dispatch.is_split(cfg_json) else lay.row_schedule()
-    if dispatch.is_split(cfg_json):
+    row_sched = None if path == "launch" and split_kv else lay.row_schedule()
+    if split_kv:
         split = list(lay.split_plan())
         if path is None:
             o, lse = _split.attn_fwd_split(q, k, v, lay.col_idx, lay.block_kind, row_sched, lay.split_schedule(),
@@ -331,14 +332,9 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
     if path == "launch":
         o, lse = launch(q, k, v)
     else:
-        o, lse = _bwd().EagerAttention.apply(q, k, v, launch, lay.col_idx, lay.block_kind, row_sched, meta, scale,
-                                             cfg_json)
+        o, lse = _bwd.EagerAttention.apply(q, k, v, launch, lay.col_idx, lay.block_kind, row_sched, meta, scale,
+                                           cfg_json)
     return (o, lse) if return_lse else o
-
-
-def _bwd():
-    from . import attention_bwd  # it imports this module
-    return attention_bwd
 
 
 def _traced_kernel_call(q, k, v, layout, causal: bool, det: int, scale: float, cfg_json: str):
@@ -434,5 +430,6 @@ def precompile(*configs, dtype: torch.dtype | str | None = None, head_dim: int |
 
 
 from . import attention_split as _split  # noqa: E402 - the split-KV op (it imports this module)
+from . import attention_bwd as _bwd  # noqa: E402 - the backward and EagerAttention (it imports this module)
 
 __all__ = ["sparse_attention", "precompile", "default_config"]

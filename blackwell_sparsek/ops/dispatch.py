@@ -176,9 +176,15 @@ def config_from_json(text: str) -> KernelConfig:
 
 
 @lru_cache(maxsize=None)
-def sm_count(device_index: int | None) -> int:
+def device_facts(device_index: int | None):
+    """runtime.device_info of a CUDA device (None: the current one), once per device: name, compute capability,
+    SM count, opt-in shared memory."""
     from ..jit.runtime import device_info
-    return device_info(device_index if device_index is not None else torch.cuda.current_device()).sm_count
+    return device_info(device_index if device_index is not None else torch.cuda.current_device())
+
+
+def sm_count(device_index: int | None) -> int:
+    return device_facts(device_index).sm_count
 
 
 @lru_cache(maxsize=None)

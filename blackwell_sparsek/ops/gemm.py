@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from functools import lru_cache
 from typing import Any, Optional
 
 import torch
@@ -81,17 +80,13 @@ def _fallback_warning(reason: str) -> None:
 _KERNEL_CAPABILITY = (9, 0)   # the kernels are built for sm_90a (H100/H200)
 
 
-@lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return tuple(torch.cuda.get_device_capability(index))
-
-
 def _kernel(t: torch.Tensor):
     """The kernel module for tensors on t's device, or None (the reference runs; off the CPU with a warning)."""
     if not t.is_cuda:
         return None
     from . import _gemm_cuda as mod
-    cap = _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    from .dispatch import device_facts
+    cap = tuple(device_facts(t.device.index).compute_capability)
     if cap != _KERNEL_CAPABILITY:
         _fallback_warning(f"the GEMM kernels run on sm_90 (H100/H200), this device is sm_{cap[0]}{cap[1]}")
         return None

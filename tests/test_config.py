@@ -175,7 +175,10 @@ def test_default_schedule_follows_row_stats():
     P, C = Schedule.PINGPONG, Schedule.COOPERATIVE
     want = {  # mask: (D=64, D=128)
         "dense": (C, P), "causal": (C, C), "topk25-shared": (P, P), "topk25-per-head": (P, P),
-        "window2K": (P, C), "documents": (P, C), "bigbird": (C, C),
+        "window2K": (P, C), "documents": (P, C),
+        # BigBird's global rows make its layout split-KV (split_plan), and split rows take the uniform-row rule:
+        # ping-pong at D=64 (bench/results/h100/split_kv.txt: 400 vs 382 for split cooperative, same run)
+        "bigbird": (P, C),
     }
     for name, lay in masks(8192, 16).items():
         for d, w in zip((64, 128), want[name]):

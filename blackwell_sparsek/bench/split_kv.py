@@ -4,8 +4,9 @@ same run, interleaved rounds; uniform short rows (random top-k, 8 blocks a row) 
     python -m blackwell_sparsek.bench.split_kv [--rounds 3] [--json PATH]   # on the GPU
     python -m blackwell_sparsek.bench.split_kv --configs                      # the configs it runs, as JSON lines
 
-Case: (1, 16, 32768, D) with 2 global rows and columns, a 3-block band and 3 random blocks per row (all FULL,
-128x128 blocks: the global rows list all 256 blocks, the others ~8). Effective TFLOPS = 4·D·128·128 per listed
+Cases: (1, 16, 32768, D) with 2 global rows and columns, a 3-block band and 3 random blocks per row (all FULL,
+128x128 blocks: the global rows list all 256 blocks, the others ~8), and the schedule sweep's BigBird mask at
+(2, 16, 8192, D) (a 7-block band: rows of ~13 blocks, the global rows 64). Effective TFLOPS = 4·D·128·128 per listed
 block, do_bench medians after warm-up. Every output is checked against the unsplit kernel's first, and the split
 output for bitwise equality across two calls; the device time of the split configs' combine kernel (launched by
 the same launcher call) is read from the torch profiler.
@@ -19,11 +20,14 @@ import sys
 
 from .report import finish_rows
 
-SHAPES = [((1, 16, 32768, 128), "bf16"), ((1, 16, 32768, 64), "fp16")]
+SHAPES = [("global2", (1, 16, 32768, 128), "bf16"), ("global2", (1, 16, 32768, 64), "fp16"),
+          ("bigbird", (2, 16, 8192, 128), "bf16"), ("bigbird", (2, 16, 8192, 64), "fp16")]
 
 
-def global_layout(s: int, device: str = "cuda"):
+def global_layout(s: int, device: str = "cuda", mask: str = "global2"):
     from .schedules import _bigbird
+    if mask == "bigbird":  # the schedule sweep's mask (bench.schedules.masks)
+        return _bigbird(s, 4).to(device)
     return _bigbird(s, 4, n_global=2, band=1, n_random=3).to(device)
 
 
@@ -53,11 +57,11 @@ def run(rounds: int, warmup_ms: float, rep_ms: float) -> list[dict]:
     from ..reference import relative_error
     from .timing import bench
     rows = []
-    for (b, h, s, d), dt in SHAPES:
+    for mask, (b, h, s, d), dt in SHAPES:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
         gen = torch.Generator(device="cuda").manual_seed(s + d)
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
-        lay = global_layout(s)
+        lay = global_layout(s, mask=mask)
         uni = L.random_topk(s, 8, seed=1, num_heads=h, device="cuda")
         cfgs = _configs(d, dtype, lay)
         fns = {name: (lambda c=c: ops.sparse_attention(q, k, v, lay, config=c)) for name, c in cfgs.items()}
@@ -75,7 +79,7 @@ def run(rounds: int, warmup_ms: float, rep_ms: float) -> list[dict]:
         comb = {name: combine_kernel_ms(fns[name]) for name in cfgs if cfgs[name].split_kv}
         for name in fns:
             ms = statistics.median(times[name])
-            row = {"case": f"global2 B{b} H{h} S{s // 1024}K D{d} {dt}", "kernel": name,
+            row = {"case": f"{mask} B{b} H{h} S{s // 1024}K D{d} {dt}", "kernel": name,
                    "config": cfgs[name].kernel_name if name in cfgs else "default", "ms": ms,
                    "tflops": flops[name] / (ms * 1e-3) / 1e12, "rel_err_vs_plain_coop": errs.get(name),
                    "split_plan": list(lay.split_plan()), "row_stats": list(lay.row_stats()),
@@ -105,8 +109,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch
     if a.configs:
-        for (b, h, s, d), dt in SHAPES:
-            for c in _configs(d, {"bf16": torch.bfloat16, "fp16": torch.float16}[dt], global_layout(s, "cpu")).values():
+        for mask, (b, h, s, d), dt in SHAPES:
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+            for c in _configs(d, dtype, global_layout(s, "cpu", mask)).values():
                 print(c.to_json())
         return 0
     if not torch.cuda.is_available():

@@ -5,7 +5,7 @@
 # Part 1: builds what the carried cache lacks (dev/prebuild.py, 16 nvcc) and example 88 (in the background), a
 # backward smoke run under a timeout (a hang stops here), every GPU test of every family but long context, and the
 # host-time profile (dev/host_profile.py). Part 2: the benches that decide defaults and the issues' peers: the
-# backward (bench-bwd, with its dQ-schedule A/B), short rows against example 88 and the GEMM schedule variants
+# backward (bench-bwd), short rows against example 88 and the GEMM schedule variants
 # (split-KV has its own bench, python -m blackwell_sparsek.bench.split_kv). Logs and JSON go to $OUT; the test
 # summary and the bench tables come last.
 set -o pipefail

@@ -44,8 +44,6 @@ def attention_configs() -> list:
     cfgs += [default_config(128, b16, lay, schedule=s) for s in Schedule]
     for d in (64, 128):  # bench and compare-88: fp16 at both schedules
         cfgs += [default_config(d, f16, L.dense(8192), schedule=s) for s in (Schedule.PINGPONG, Schedule.COOPERATIVE)]
-    from blackwell_sparsek.families.attn_bwd import AttnBwdConfig  # the backward's split-dQ variant: bench-bwd A/B
-    cfgs += [AttnBwdConfig(dtype=dt, deterministic=det, dq_split=True) for dt in ("fp16", "bf16") for det in (False, True)]
     from blackwell_sparsek.families.attn_bwd import config_for as bwd_config_for  # test_other_block_shapes
     cfgs += [bwd_config_for(128, "fp16", bm, bn, det) for bm, bn in ((64, 128), (256, 128), (128, 256))
              for det in (False, True)]

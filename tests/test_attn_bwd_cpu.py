@@ -55,7 +55,6 @@ def test_named_configs_valid_and_named_by_kernel():
     (dict(block_m=96), "block_m 96 must be a positive multiple of 64"),
     (dict(tile_m=128), "tile_m=64, tile_n=128"),
     (dict(arch="sm100a"), "use arch='sm90a'"),
-    (dict(head_dim=64, dq_split=True), "dq_split needs head_dim=128"),
 ])
 def test_invalid_configs_name_the_fix(change, words):
     cfg = dataclasses.replace(AttnBwdConfig(), **change)
@@ -77,25 +76,19 @@ def test_deterministic_is_its_own_kernel():
     fast, det = AttnBwdConfig(), AttnBwdConfig(deterministic=True)
     assert det.kernel_name != fast.kernel_name and "_b128x128_det_" in det.kernel_name
     assert "/*Deterministic=*/true" in render(det) and "/*Deterministic=*/false" in render(fast)
-    assert fam.config_for(128, DType.FP16, 128, 128, True, dq_split=False) == det
+    assert fam.config_for(128, DType.FP16, 128, 128, True) == det
     with pytest.raises(InvalidConfigError, match="deterministic must be a bool"):
         AttnBwdConfig(deterministic=1)
     fwd = AttentionConfig(head_dim=128, tile_n=64, stages=2).to_json()
     assert AttnBwdConfig.from_json(ab.bwd_config_json(fwd, True)).deterministic
 
 
-def test_dq_split_is_its_own_kernel_and_the_d128_default():
-    plain, split = AttnBwdConfig(), AttnBwdConfig(dq_split=True)
-    assert "_dqs_" in split.kernel_name and "_dqs" not in plain.kernel_name
-    assert "dq_split" not in json.loads(plain.to_json())  # configs from before the field keep their names
-    assert "/*DqSplit=*/true" in render(split) and "/*DqSplit=*/false" in render(plain)
-    assert fam.config_for(128, DType.BF16, 128, 128).dq_split is fam.DQ_SPLIT_DEFAULT
-    assert fam.config_for(64, DType.BF16, 128, 128).dq_split is False  # D = 64 cannot split
-    assert fam.config_for(128, DType.BF16, 128, 128, dq_split=False).dq_split is False
-    with pytest.raises(InvalidConfigError, match="dq_split must be a bool"):
-        AttnBwdConfig(dq_split="yes")
-    fwd = AttentionConfig(head_dim=128, tile_n=64, stages=2).to_json()
-    assert AttnBwdConfig.from_json(ab.bwd_config_json(fwd, False, True)).dq_split
+def test_a_config_with_the_removed_dq_split_field_is_refused():
+    """dq_split (dQ's columns split between the warpgroups) was measured slower on both GPUs and removed: a saved
+    config that still names it gets a typed error, not a silently different kernel."""
+    text = json.dumps({**json.loads(AttnBwdConfig().to_json()), "dq_split": True})
+    with pytest.raises(InvalidConfigError, match="dq_split"):
+        AttnBwdConfig.from_json(text)
 
 
 def test_deterministic_from_meta():

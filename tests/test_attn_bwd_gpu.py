@@ -237,38 +237,6 @@ def test_eager_autograd_and_the_op_path_agree_bitwise(pattern):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("pattern", ["dense", "causal", "topk_per_head", "empty_rows_cols"])
-def test_split_dq_kernel(pattern, dtype, deterministic, monkeypatch):
-    """The split-dQ kernel (dq_split: each MMA warpgroup computes half of dQ's columns; D = 128), whatever the
-    default: gradients against float64 with GQA, odd lengths and empty rows/columns, and bitwise repeatable in the
-    deterministic mode."""
-    inner = ab.bwd_config_json
-    monkeypatch.setattr(ab, "bwd_config_json", lambda fwd, det=False, dq_split=None: inner(fwd, det, True))
-    used = []
-    run = ab._attn_bwd_cuda
-    monkeypatch.setattr(ab, "_attn_bwd_cuda", lambda *a, **kw: used.append(ab._bwd_config(a[12])) or run(*a, **kw))
-    B, H, Hkv, Sq, Sk, D = 2, 4, 2, 1777, 2000, 128
-    layout, causal = _layouts(Sq, Sk, H)[pattern]
-    layout = layout.to("cuda")
-    q, k, v, do, glse = _inputs(B, H, Hkv, Sq, Sk, D, dtype)
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
-    try:
-        _check_grads(q, k, v, do, glse, layout, causal)
-        runs = []
-        for _ in range(2 if deterministic else 0):
-            qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
-            bsk.sparse_attention(qg, kg, vg, layout, causal=causal).backward(do)
-            runs.append((qg.grad, kg.grad, vg.grad))
-    finally:
-        torch.use_deterministic_algorithms(False)
-    assert used and all(c.dq_split and c.deterministic == deterministic for c in used)
-    if deterministic:
-        for name, a, b in zip(("dq", "dk", "dv"), *runs):
-            assert torch.equal(a, b), f"{name} differs between deterministic runs"
-
-
 @pytest.mark.parametrize("fast_group", [3, 1 << 20])
 def test_head_group_of_the_tile_order(fast_group, monkeypatch):
     """The tile order's head group changes which CTAs run side by side, never the result: the deterministic kernel

@@ -59,7 +59,7 @@ class BwdCall:
     """One backward call on a finished forward (inputs, O, LSE, dO kept), ready to time: the op's body, as an eager
     autograd backward runs it (attention_bwd.EagerAttention)."""
 
-    def __init__(self, layout, B, H, S, D, dtype, det=False, seed=0, dq_split=None):
+    def __init__(self, layout, B, H, S, D, dtype, det=False, seed=0):
         import torch
         import blackwell_sparsek as bsk
         import blackwell_sparsek.ops.attention_bwd as ab
@@ -69,7 +69,7 @@ class BwdCall:
         self.o, self.lse = bsk.sparse_attention(self.q, self.k, self.v, self.layout, return_lse=True)
         fwd_json, dlay = _eager_plan(self.layout, None, D, dtype, self.q.device)
         self.args = (self.q, self.k, self.v, self.o, self.lse, self.do, None, dlay.col_idx, dlay.block_kind,
-                     dlay.row_schedule(), _meta(dlay), 1.0 / math.sqrt(D), ab.bwd_config_json(fwd_json, det, dq_split))
+                     dlay.row_schedule(), _meta(dlay), 1.0 / math.sqrt(D), ab.bwd_config_json(fwd_json, det))
         self.op = ab._attn_bwd_impl
         self.flops = _flops(dlay, B, H, D, 2.5)
         self.op(*self.args)  # builds the kernel, caches the transposed view
@@ -179,8 +179,7 @@ def cases(quick: bool) -> list[dict[str, Any]]:
     return out
 
 
-def run_case(c: dict[str, Any], rows: list[dict[str, Any]], notes: dict[str, Any], head_groups: bool,
-             dq_split_ab: bool = False) -> None:
+def run_case(c: dict[str, Any], rows: list[dict[str, Any]], notes: dict[str, Any], head_groups: bool) -> None:
     import blackwell_sparsek.ops.attention_bwd as ab
     layout = c["layout"]()
     B, H, S, D, dt = c["B"], c["H"], c["S"], c["D"], c["dtype"]
@@ -192,16 +191,6 @@ def run_case(c: dict[str, Any], rows: list[dict[str, Any]], notes: dict[str, Any
 
     call = BwdCall(layout, B, H, S, D, dt)
     t_ours = _time(call)
-    if D == 128 and dq_split_ab:  # the other dQ schedule, timed in alternation with the default
-        from blackwell_sparsek.families.attn_bwd import DQ_SPLIT_DEFAULT
-        alt = BwdCall(layout, B, H, S, D, dt, dq_split=not DQ_SPLIT_DEFAULT)
-        t_def, t_alt = [t_ours], []
-        for _ in range(2):
-            t_alt.append(_time(alt))
-            t_def.append(_time(call))
-        t_ours = statistics.median(t_def)
-        add(f"bsk bwd dq_split={not DQ_SPLIT_DEFAULT}", statistics.median(t_alt), call.flops)
-        del alt
     add("bsk bwd", t_ours, call.flops)
     key = f"{c['name']}_{_dt(dt)}"
     if c.get("extras") or c.get("host"):
@@ -269,7 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m blackwell_sparsek bench-bwd", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="only the 25 %% top-k D=128 cases")
     ap.add_argument("--no-head-groups", action="store_true", help="skip the head-group comparison")
-    ap.add_argument("--dq-split-ab", action="store_true", help="also time the other dQ schedule (D=128)")
     ap.add_argument("--budget-s", type=float, default=240.0, help="skip the remaining cases after this many s")
     ap.add_argument("--out", default=None, help="directory for bwd_bench.json and bwd_bench.md")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
@@ -293,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         if time.time() - t0 > a.budget_s:
             notes["skipped"].append(f"{c['name']} {_dt(c['dtype'])}")
             continue
-        run_case(c, rows, notes, not a.no_head_groups, a.dq_split_ab)
+        run_case(c, rows, notes, not a.no_head_groups)
         torch.cuda.empty_cache()
         if out:  # after every case, so a cut-off run keeps what it measured
             (out / "bwd_bench.json").write_text(json.dumps({"gpu": gpu, "rows": rows, "notes": notes}, indent=1,

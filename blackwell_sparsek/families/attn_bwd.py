@@ -39,10 +39,6 @@ class AttnBwdConfig(KernelConfig):
     # dQ contributions added in one fixed order (bitwise-identical gradients run to run); else unordered fp32
     # TMA reduce-adds. The deterministic kernel needs the transposed schedule in ascending key-block order.
     deterministic: bool = False
-    # dQ's columns split between the two MMA warpgroups (each runs five GEMMs per 64-query tile instead of four
-    # and six); D = 128 only (the halves are whole 64-column swizzle atoms of K in shared memory). Experimental:
-    # compiled and unit-tested, not yet run on a GPU, so off unless a config asks for it (DQ_SPLIT_DEFAULT).
-    dq_split: bool = False
 
     family: ClassVar[str] = "attn_bwd"
     template: ClassVar[str] = "attn_bwd.cu.j2"
@@ -71,19 +67,9 @@ class AttnBwdConfig(KernelConfig):
         ("scale", "float"),
     )
 
-    def to_dict(self) -> dict[str, Any]:
-        """The canonical form; dq_split only when set, so the configs made before it existed keep their JSON and
-        names."""
-        d = super().to_dict()
-        if not self.dq_split:
-            del d["dq_split"]
-        return d
-
     def name_facts(self) -> str:
         det = "_det" if self.deterministic else ""
-        dqs = "_dqs" if self.dq_split else ""
-        return (f"d{self.head_dim}_{self.dtype.value}_t{self.tile_m}x{self.tile_n}_b{self.block_m}x{self.block_n}"
-                f"{dqs}{det}")
+        return f"d{self.head_dim}_{self.dtype.value}_t{self.tile_m}x{self.tile_n}_b{self.block_m}x{self.block_n}{det}"
 
     def smem_bytes(self) -> int:
         """Shared memory of one CTA, bytes; mirrors example 88's backward SharedStorage: K/V (4 stages of 64 keys),
@@ -106,9 +92,6 @@ class AttnBwdConfig(KernelConfig):
         if (self.tile_m, self.tile_n) != (TILE_M, TILE_N):
             p.append(f"tile {self.tile_m}x{self.tile_n} is not supported; the backward runs {TILE_M} queries x "
                      f"{TILE_N} keys (two MMA warpgroups of 64 keys): use tile_m={TILE_M}, tile_n={TILE_N}")
-        if self.dq_split and self.head_dim != 128:
-            p.append(f"dq_split needs head_dim=128 (its dQ halves are 64-column swizzle atoms of K), got "
-                     f"{self.head_dim}; set dq_split=False")
         if self.block_m <= 0 or self.block_m % TILE_M:
             p.append(f"block_m {self.block_m} must be a positive multiple of {TILE_M}")
         if self.block_n <= 0 or self.block_n % TILE_N:
@@ -124,7 +107,7 @@ class AttnBwdConfig(KernelConfig):
         bm = max(TILE_M, (max(self.block_m, 1) + TILE_M - 1) // TILE_M * TILE_M)
         bn = max(TILE_N, (max(self.block_n, 1) + TILE_N - 1) // TILE_N * TILE_N)
         cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=TILE_M, tile_n=TILE_N,
-                                   block_m=bm, block_n=bn, dq_split=self.dq_split and hd == 128)
+                                   block_m=bm, block_n=bn)
         return None if cand.problems() else cand
 
     def template_vars(self) -> dict[str, Any]:
@@ -134,14 +117,7 @@ class AttnBwdConfig(KernelConfig):
             "block_m": self.block_m,
             "block_n": self.block_n,
             "deterministic": self.deterministic,
-            "dq_split": self.dq_split,
         }
-
-
-# Whether D = 128 backward kernels split dQ between the warpgroups unless a caller says otherwise (the default
-# rule's one switch). Off until the split kernel has passed the GPU tests and won the same-run A/B that
-# `bench-bwd` runs (docs/kernels/sm90_attn_bwd.md).
-DQ_SPLIT_DEFAULT = False
 
 
 # -- named configs -------------------------------------------------------------------------------------------
@@ -152,25 +128,21 @@ def named_configs() -> dict[str, "AttnBwdConfig"]:
     return {n: c for n, c in load_named_configs().items() if isinstance(c, AttnBwdConfig)}
 
 
-def config_for(head_dim: int, dtype: DType, block_m: int, block_n: int, deterministic: bool = False,
-               dq_split: bool | None = None) -> AttnBwdConfig:
+def config_for(head_dim: int, dtype: DType, block_m: int, block_n: int, deterministic: bool = False
+               ) -> AttnBwdConfig:
     """The backward config for these facts: a named one when it matches, else derived; InvalidConfigError (naming
-    the fix) when no backward kernel serves them. ``dq_split`` None: DQ_SPLIT_DEFAULT where the head dim allows."""
-    if dq_split is None:
-        dq_split = DQ_SPLIT_DEFAULT and int(head_dim) == 128
-    return _config_for(int(head_dim), enum_from(DType, dtype), int(block_m), int(block_n), bool(deterministic),
-                       bool(dq_split))
+    the fix) when no backward kernel serves them."""
+    return _config_for(int(head_dim), enum_from(DType, dtype), int(block_m), int(block_n), bool(deterministic))
 
 
 @lru_cache(maxsize=None)
-def _config_for(head_dim: int, dtype: DType, block_m: int, block_n: int, deterministic: bool,
-                dq_split: bool) -> AttnBwdConfig:
-    facts = (head_dim, dtype, block_m, block_n, deterministic, dq_split)
+def _config_for(head_dim: int, dtype: DType, block_m: int, block_n: int, deterministic: bool) -> AttnBwdConfig:
+    facts = (head_dim, dtype, block_m, block_n, deterministic)
     for cfg in named_configs().values():
-        if (cfg.head_dim, cfg.dtype, cfg.block_m, cfg.block_n, cfg.deterministic, cfg.dq_split) == facts:
+        if (cfg.head_dim, cfg.dtype, cfg.block_m, cfg.block_n, cfg.deterministic) == facts:
             return cfg
     cfg = AttnBwdConfig(head_dim=head_dim, dtype=dtype, block_m=block_m, block_n=block_n,
-                        deterministic=deterministic, dq_split=dq_split)
+                        deterministic=deterministic)
     probs = cfg.problems()
     if probs:
         raise InvalidConfigError(
@@ -225,5 +197,4 @@ def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t
     )
 
 
-__all__ = ["AttnBwdConfig", "named_configs", "config_for", "launch_args", "TILE_M", "TILE_N", "HEAD_DIMS",
-           "DQ_SPLIT_DEFAULT"]
+__all__ = ["AttnBwdConfig", "named_configs", "config_for", "launch_args", "TILE_M", "TILE_N", "HEAD_DIMS"]

@@ -123,14 +123,12 @@ def _transposed_cached(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m
 # -- configs ---------------------------------------------------------------------------------------------------
 
 @lru_cache(maxsize=None)
-def bwd_config_json(fwd_config_json: str, deterministic: bool = False, dq_split: bool | None = None) -> str:
-    """The backward kernel's config (JSON) for the forward config that produced O and LSE (``dq_split`` None: the
-    family's default)."""
+def bwd_config_json(fwd_config_json: str, deterministic: bool = False) -> str:
+    """The backward kernel's config (JSON) for the forward config that produced O and LSE."""
     fwd = KernelConfig.from_json(fwd_config_json)
     if not isinstance(fwd, AttentionConfig):
         raise InvalidConfigError(f"attention backward needs an attn_fwd config, got family {fwd.family!r}")
-    return _family.config_for(fwd.head_dim, fwd.dtype, fwd.block_m, fwd.block_n, deterministic,
-                              dq_split).to_json()
+    return _family.config_for(fwd.head_dim, fwd.dtype, fwd.block_m, fwd.block_n, deterministic).to_json()
 
 
 @lru_cache(maxsize=None)

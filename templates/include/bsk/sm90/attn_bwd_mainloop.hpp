@@ -26,13 +26,10 @@ namespace bsk::bwd {
 
 namespace fmha_c = cutlass::fmha::collective;
 
-// Named barriers (CUTLASS user ids; NamedBarrier adds the reserved count): both MMA warpgroups done with the
-// mainloop; split dQ: both dS halves in shared memory, and warpgroup w's half free again (kBarDsFree + w).
-enum : uint32_t { kBarMmaDone = 0, kBarDsReady = 1, kBarDsFree = 2 };
+// Named barrier (CUTLASS user id; NamedBarrier adds the reserved count): both MMA warpgroups done with the mainloop.
+enum : uint32_t { kBarMmaDone = 0 };
 
-// DqSplit: each MMA warpgroup computes half of dQ's columns (dQ[:, w*D/2 : (w+1)*D/2] = dS · K[:, half]) instead of
-// warpgroup 1 computing all of it, so both run five GEMMs of 64 x 64 x D per 64-query tile instead of four and six.
-template <class Element, int HeadDim, int BlockM, int BlockN, bool Deterministic, bool DqSplit = false>
+template <class Element, int HeadDim, int BlockM, int BlockN, bool Deterministic>
 struct BwdMainloop
     : fmha_c::FmhaBwdMainloopTmaWarpSpecialized<Element, float, Shape<_64, _128, Int<HeadDim>>,
                                                 fmha_c::DefaultFusion> {
@@ -80,18 +77,6 @@ struct BwdMainloop
   static constexpr int kTilesPerBlockM = BlockM / kTileQ;
   static constexpr int kTilesPerBlockN = BlockN / kTileK;
   static constexpr bool kDeterministic = Deterministic;
-
-  // Split dQ: a (64 queries, D/2, 64 keys) GEMM per warpgroup and dS half, with the operand majors of the whole
-  // dQ GEMM (dS M-major, K as the B operand N-major); its B operand is one half of K's columns in shared memory,
-  // whole 64-column swizzle atoms (hence D = 128 only).
-  static_assert(!DqSplit || HeadDim == 128, "split dQ halves D into 64-column swizzle atoms");
-  static_assert(!DqSplit || (size<0>(SmemLayoutKp{}) == HeadDim && size<1>(SmemLayoutKp{}) == 64 &&
-                             size<0>(SmemLayoutDQ{}) == 64 && size<1>(SmemLayoutDQ{}) == HeadDim),
-                "split dQ slices K as (D, keys, stage) and the dQ buffer as (queries, D, buffer) by their D mode");
-  static constexpr int kHalfD = DqSplit ? HeadDim / 2 : HeadDim;
-  using TileShapeMDh = Shape<_64, Int<kHalfD>, _64>;
-  using TiledMmaMDh = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, TileShapeMDh, GMMA::Major::MN, GMMA::Major::MN>()));
 
   using StrideQKV = cute::tuple<int, _1, cute::tuple<int, int>>;  // (seq, head_dim, (batch, head))
 
@@ -229,9 +214,10 @@ struct BwdMainloop
   // One MMA warpgroup: 64 keys (get<1>(wg_coord) is this warpgroup's 64-key tile), dK and dV in registers over
   // every listed 64-query tile. Per tile: S^T = K Q^T and dP^T = V dO^T; P^T from LSE2 (masked blocks only get the
   // element mask); dS^T = P^T (dP^T - delta) * scale; dV += P^T dO; dK += dS^T Q; dQ = dS K over both warpgroups'
-  // dS (shared memory) goes to the reducer. Both exponentiate in turn (example 88's order barrier). dQ: with
-  // DqSplit each warpgroup computes half of its columns once both dS halves are stored (named barriers ready /
-  // free); else example 88's sequence (warpgroup 0 stores dS, warpgroup 1 runs the whole dQ GEMM).
+  // dS (shared memory) goes to the reducer. Both exponentiate in turn (example 88's order barrier). dQ: example
+  // 88's sequence (warpgroup 0 stores dS, warpgroup 1 runs the whole dQ GEMM). Splitting dQ's columns between the
+  // warpgroups, as FlashAttention-3 does, measured 7-10 % slower here (H100, H200): warpgroup 0 then waits for
+  // warpgroup 1's dS every tile.
   template <class BlkCoord, class PipelineReducer, class StateReducer, class OrderBarrier>
   CUTLASS_DEVICE auto compute(BlkCoord const& blk_coord, BlkCoord const& wg_coord, Params const& params,
                               ProblemShape const& problem_size, MainloopPipeline& pipeline_inner,
@@ -299,20 +285,6 @@ struct BwdMainloop
     Tensor tDQsDQ_full = thr_md.partition_C(sDQ);
 
     int wg_idx = __shfl_sync(0xffffffffu, int(get<1>(wg_coord)) % NumMmaWarpGroups, 0);
-    // Split dQ: the dS operand, this warpgroup's column half of K (the B operand) and of the dQ tile.
-    TiledMmaMDh tiled_mma_mdh;
-    auto dq_half = [&] {
-      if constexpr (DqSplit) {
-        auto thr_mdh = tiled_mma_mdh.get_thread_slice(thread_idx);
-        Tensor sKp_h = flat_divide(sKp, Shape<Int<kHalfD>, _64>{})(_, _, wg_idx, _0{}, _);  // (D/2, 64, stages)
-        Tensor sDQ_h = flat_divide(sDQ, Shape<_64, Int<kHalfD>>{})(_, _, _0{}, wg_idx, _);  // (64, D/2, 2)
-        return cute::make_tuple(thr_mdh.make_fragment_A(thr_mdh.partition_A(sDS)),
-                                thr_mdh.make_fragment_B(thr_mdh.partition_B(sKp_h)), thr_mdh.partition_C(sDQ_h));
-      } else {
-        return cute::make_tuple(0, 0, 0);
-      }
-    }();
-
     int k0 = int(get<1>(wg_coord)) * get<0>(TileShapeNM{});  // this warpgroup's first key
 
     TColumn col = column_of(blk_coord, params.lay);
@@ -382,24 +354,18 @@ struct BwdMainloop
       cute::gemm(tiled_mma_nd, op_P, tDVrDO(_, _, _, read_do.index()), acc_DV);
       warpgroup_commit_batch();
 
-      if constexpr (DqSplit) {
-        // dS^T into this warpgroup's half, once the other warpgroup's last dQ GEMM (which read it) completed.
-        if (i > 0) cutlass::arch::NamedBarrier::sync(NumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup,
-                                                     kBarDsFree + wg_idx);
-        store_ds<Element>(tDPsDS, acc_DS, wg_idx);
-        cutlass::arch::NamedBarrier::sync(NumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup, kBarDsReady);
+      // dS^T into this warpgroup's half of shared memory (warpgroup 1 needs both halves for dQ).
+      if (wg_idx == 0) math_wg_order_barrier.wait();
+      store_ds<Element>(tDPsDS, acc_DS, wg_idx);
+      if (wg_idx == 0) math_wg_order_barrier.arrive();
 
-        // dQ[:, my half] = dS_0 K_0[:, half] + dS_1 K_1[:, half] (K_w: warpgroup w's 64 keys)
-        auto& tDQhrDS = get<0>(dq_half);
-        auto& tDQhrK = get<1>(dq_half);
-        auto& tDQhsDQ = get<2>(dq_half);
-        int k_stage[2] = {wg_idx == 0 ? read_k.index() : read_k_other.index(),
-                          wg_idx == 0 ? read_k_other.index() : read_k.index()};
-        Tensor acc_DQ = partition_fragment_C(tiled_mma_mdh, take<0, 2>(TileShapeMDh{}));
+      if (wg_idx == 1) {
+        math_wg_order_barrier.wait();  // warpgroup 0's dS is in shared memory
+        Tensor acc_DQ = partition_fragment_C(tiled_mma_md, take<0, 2>(TileShapeMD{}));
         warpgroup_fence_operand(acc_DQ);
         warpgroup_arrive();
-        fmha_c::gemm_zero_acc(tiled_mma_mdh, tDQhrDS(_, _, _, 0), tDQhrK(_, _, _, k_stage[0]), acc_DQ);
-        cute::gemm(tiled_mma_mdh, tDQhrDS(_, _, _, 1), tDQhrK(_, _, _, k_stage[1]), acc_DQ);
+        fmha_c::gemm_zero_acc(tiled_mma_md, tDQrDS(_, _, _, 0), tDQrK(_, _, _, read_k_other.index()), acc_DQ);
+        cute::gemm(tiled_mma_md, tDQrDS(_, _, _, 1), tDQrK(_, _, _, read_k.index()), acc_DQ);
         warpgroup_commit_batch();
 
         warpgroup_fence_operand(acc_DK);
@@ -407,53 +373,22 @@ struct BwdMainloop
         cute::gemm(TiledMmaND_SS{}, tDKrDSp(_, _, _, wg_idx), tDKrQ(_, _, _, read_q.index()), acc_DK);
         warpgroup_commit_batch();
 
-        warpgroup_wait<1>();  // dV and dQ done (dK, which reads only this warpgroup's half, may still run)
+        warpgroup_wait<1>();  // dV and dQ done (dK may still run)
         warpgroup_fence_operand(acc_DQ);
-        if (i + 1 < n_inner)  // the other warpgroup's half has been read
-          cutlass::arch::NamedBarrier::arrive(NumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup,
-                                              kBarDsFree + 1 - wg_idx);
+        math_wg_order_barrier.arrive();  // both halves of dS read: warpgroup 0 may overwrite its half
 
         pipeline_reducer.producer_acquire(smem_pipe_write_reducer);
-        store_dq(tDQhsDQ(_, _, _, smem_pipe_write_reducer.index()), acc_DQ);
+        store_dq(tDQsDQ_full(_, _, _, smem_pipe_write_reducer.index()), acc_DQ);
         pipeline_reducer.producer_commit(smem_pipe_write_reducer);
         ++smem_pipe_write_reducer;
       } else {
-        // dS^T into this warpgroup's half of shared memory (warpgroup 1 needs both halves for dQ).
-        if (wg_idx == 0) math_wg_order_barrier.wait();
-        store_ds<Element>(tDPsDS, acc_DS, wg_idx);
-        if (wg_idx == 0) math_wg_order_barrier.arrive();
-
-        if (wg_idx == 1) {
-          math_wg_order_barrier.wait();  // warpgroup 0's dS is in shared memory
-          Tensor acc_DQ = partition_fragment_C(tiled_mma_md, take<0, 2>(TileShapeMD{}));
-          warpgroup_fence_operand(acc_DQ);
-          warpgroup_arrive();
-          fmha_c::gemm_zero_acc(tiled_mma_md, tDQrDS(_, _, _, 0), tDQrK(_, _, _, read_k_other.index()), acc_DQ);
-          cute::gemm(tiled_mma_md, tDQrDS(_, _, _, 1), tDQrK(_, _, _, read_k.index()), acc_DQ);
-          warpgroup_commit_batch();
-
-          warpgroup_fence_operand(acc_DK);
-          warpgroup_arrive();
-          cute::gemm(TiledMmaND_SS{}, tDKrDSp(_, _, _, wg_idx), tDKrQ(_, _, _, read_q.index()), acc_DK);
-          warpgroup_commit_batch();
-
-          warpgroup_wait<1>();  // dV and dQ done (dK may still run)
-          warpgroup_fence_operand(acc_DQ);
-          math_wg_order_barrier.arrive();  // both halves of dS read: warpgroup 0 may overwrite its half
-
-          pipeline_reducer.producer_acquire(smem_pipe_write_reducer);
-          store_dq(tDQsDQ_full(_, _, _, smem_pipe_write_reducer.index()), acc_DQ);
-          pipeline_reducer.producer_commit(smem_pipe_write_reducer);
-          ++smem_pipe_write_reducer;
-        } else {
-          warpgroup_fence_operand(acc_DK);
-          warpgroup_arrive();
-          cute::gemm(TiledMmaND_SS{}, tDKrDSp(_, _, _, wg_idx), tDKrQ(_, _, _, read_q.index()), acc_DK);
-          warpgroup_commit_batch();
-          pipeline_reducer.producer_acquire(smem_pipe_write_reducer);
-          pipeline_reducer.producer_commit(smem_pipe_write_reducer);
-          ++smem_pipe_write_reducer;
-        }
+        warpgroup_fence_operand(acc_DK);
+        warpgroup_arrive();
+        cute::gemm(TiledMmaND_SS{}, tDKrDSp(_, _, _, wg_idx), tDKrQ(_, _, _, read_q.index()), acc_DK);
+        warpgroup_commit_batch();
+        pipeline_reducer.producer_acquire(smem_pipe_write_reducer);
+        pipeline_reducer.producer_commit(smem_pipe_write_reducer);
+        ++smem_pipe_write_reducer;
       }
 
       // Every GEMM that read this tile's Q and dO stages has completed before they go back to the loader.

@@ -1,0 +1,82 @@
+"""One workload per call for Nsight Compute, and a summary of its per-instruction stall samples.
+
+    ncu --kernel-name-base demangled -k regex:attn_fwd --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section SourceCounters ... -o REP \
+        python dev/ncu_targets.py NAME
+    ncu -i REP.ncu-rep --page source --csv --print-source sass > REP.csv; python dev/ncu_targets.py stalls REP.csv
+
+Each NAME runs its op five times on fresh random inputs (the first builds or loads the kernel); ``stalls`` prints
+the stall reasons' shares and the instructions with the most samples. Runs and findings: bench/results/h100/ncu/.
+
+  short64   forward, (1, 16, 32768, 64) fp16, random top-k with 2 blocks per row (issue 29's worst short-row case),
+            the default schedule; ``short64single``: the single-warpgroup schedule (example 88's best kernel there,
+            "tma 64x128x64", has the same tile and one warpgroup); example 88 on the same work is
+            ``88_hopper_fmha --b=1 --h=16 --q=32768 --k=256 --d=64``
+  dsd       bsr_matmul, 8192^3 fp16, 128x128 blocks, 16 per block row (issue 27's headline)
+  bwd       the attention backward op, (2, 16, 8192, 128) fp16, 25 % random top-k (issue 26's headline)
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import blackwell_sparsek as bsk  # noqa: E402
+
+L = bsk.BlockSparseLayout
+
+
+def short64(schedule=None):
+    lay = L.random_topk(32768, 2, seed=2, num_heads=16).to("cuda")
+    q, k, v = (torch.randn(1, 16, 32768, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    from blackwell_sparsek.ops import default_config
+    cfg = default_config(64, torch.float16, lay, schedule=schedule)
+    return lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)
+
+
+def dsd():
+    mask = torch.zeros(64, 64, dtype=torch.bool)
+    for r in range(64):
+        mask[r, torch.randperm(64)[:16]] = True
+    w = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    a = bsk.BlockSparseMatrix.from_dense(w, block=128, mask=mask.cuda())
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    return lambda: bsk.bsr_matmul(a, b)
+
+
+def bwd():
+    from blackwell_sparsek.bench.backward import BwdCall
+    return BwdCall(L.random_topk(seq_q=8192, k=16, seed=0, num_heads=16), 2, 16, 8192, 128, torch.float16)
+
+
+def stalls(path: str, top: int = 12) -> None:
+    import collections
+    import csv
+    rows = list(csv.reader(open(path)))
+    hdr, data = rows[1], rows[2:]
+    ia = hdr.index("Warp Stall Sampling (All Samples)")
+    cols = [i for i, h in enumerate(hdr) if h.startswith("stall_") and "Not Issued" not in h]
+    tot = sum(int(r[ia] or 0) for r in data)
+    agg = collections.Counter({hdr[i]: sum(int(r[i] or 0) for r in data) for i in cols})
+    print("total samples", tot)
+    print("by reason:", [(k, round(100 * v / tot, 1)) for k, v in agg.most_common(8)])
+    for r in sorted(data, key=lambda r: -int(r[ia] or 0))[:top]:
+        why = sorted(((int(r[i] or 0), hdr[i][6:]) for i in cols), reverse=True)[:2]
+        print(f"{100 * int(r[ia]) / tot:5.1f}%  {r[0][-5:]}  {r[1].strip()[:70]:70s} {why}")
+
+
+def main() -> None:
+    if sys.argv[1] == "stalls":
+        stalls(sys.argv[2])
+        return
+    fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "bwd": bwd}[sys.argv[1]]()
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

@@ -59,12 +59,14 @@ class BwdCall:
     """One backward call on a finished forward (inputs, O, LSE, dO kept), ready to time: the op's body, as an eager
     autograd backward runs it (attention_bwd.EagerAttention)."""
 
-    def __init__(self, layout, B, H, S, D, dtype, det=False, seed=0):
+    def __init__(self, layout, B, H, S, D, dtype, det=False, seed=0, hkv=None):
         import torch
         import blackwell_sparsek as bsk
         import blackwell_sparsek.ops.attention_bwd as ab
         from blackwell_sparsek.ops.attention import _eager_plan, _meta
         self.q, self.k, self.v, self.do = _inputs(B, H, S, D, dtype, seed)
+        if hkv is not None:  # GQA: hkv K/V heads, each serving H // hkv query heads
+            self.k, self.v = self.k[:, :hkv].contiguous(), self.v[:, :hkv].contiguous()
         self.layout = layout.to("cuda")
         self.o, self.lse = bsk.sparse_attention(self.q, self.k, self.v, self.layout, return_lse=True)
         fwd_json, dlay = _eager_plan(self.layout, None, D, dtype, self.q.device)
@@ -175,6 +177,8 @@ def cases(quick: bool) -> list[dict[str, Any]]:
              host=True),
         dict(name="window2k_32k", layout=lambda: L.sliding_window(32768, 2048), B=1, H=16, S=32768, D=128,
              dtype=torch.float16, flex=True),
+        dict(name="topk25_gqa4", layout=lambda: topk(16), B=2, H=16, S=S, D=128, dtype=torch.float16, hkv=4,
+             memory=True),
     ]
     return out
 
@@ -189,16 +193,17 @@ def run_case(c: dict[str, Any], rows: list[dict[str, Any]], notes: dict[str, Any
         if ms is not None:
             rows.append({**base, "impl": impl, "ms": ms, "tflops": flops / ms / 1e9, **kw})
 
-    call = BwdCall(layout, B, H, S, D, dt)
+    call = BwdCall(layout, B, H, S, D, dt, hkv=c.get("hkv"))
     t_ours = _time(call)
     add("bsk bwd", t_ours, call.flops)
     key = f"{c['name']}_{_dt(dt)}"
     if c.get("extras") or c.get("host"):
         notes[f"{key}_graph_ms"] = call.graph_ms()
         notes[f"{key}_host_us_per_call"] = call.host_us()
+    if c.get("extras") or c.get("memory"):
+        notes[f"{key}_memory_bytes"] = call.extra_memory()
     if c.get("extras"):
         notes[f"{key}_breakdown_us"] = breakdown(call)
-        notes[f"{key}_memory_bytes"] = call.extra_memory()
         if head_groups:
             for g in (1, 2):
                 ab.HEAD_GROUP = g

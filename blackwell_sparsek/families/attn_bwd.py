@@ -157,8 +157,8 @@ def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t
                 dq_sem, window_left: int, window_right: int, scale: float, head_group: int = 0) -> dict[str, Any]:
     """Keyword fields of the ABI struct, in ABI order.
 
-    q, o, do, dq: (B, H, Sq, D); k, v: (B, Hkv, Sk, D); dk, dv: (B, H, Sk, D) per query head (the caller sums a
-    K/V head's query heads for GQA); lse (and glse, the LSE's upstream gradient, or None): (B, H, Sq) fp32 with
+    q, o, do, dq: (B, H, Sq, D); k, v: (B, Hkv, Sk, D); dk, dv: (B, H, Sk, D) per query head (the op launches
+    with H = Hkv, one call per member of the GQA groups, and adds them); lse (and glse, the LSE's upstream gradient, or None): (B, H, Sq) fp32 with
     unit sequence stride; lse2, delta: the kernel's workspace rows (B, H, >= Sq), fp32, one layout, unit sequence
     stride, 16-byte aligned rows; dq_acc: (B, H, Sq, D) fp32 contiguous (the launcher zeroes it); t_*: the
     transposed layout (query blocks per key block) and its schedule [Hl, nk, 4]; deterministic kernels also take

@@ -9,8 +9,9 @@ training steps reuse one view).
 
 The backward kernel (family ``attn_bwd``, ``blackwell_sparsek.families.attn_bwd``) does everything in one launcher
 call on torch's current stream: zero the fp32 dQ accumulator, prep (delta = rowsum(dO * O) - g_lse in fp32 and
-LSE2 = LSE * log2(e), +inf on rows with no visible key), the main kernel, and the dQ convert. dK/dV come out per
-query head and GQA sums them here. On tensors that are not on a CUDA device the op computes the same formulas
+LSE2 = LSE * log2(e), +inf on rows with no visible key), the main kernel, and the dQ convert. Under GQA the op
+makes one call per member of the query-head groups (strided head views) and adds their dK/dV in a fixed order, so
+no per-query-head dK/dV buffer is needed. On tensors that are not on a CUDA device the op computes the same formulas
 densely in float64 (tests; the public API's CPU fallback is the reference's own autograd).
 """
 from __future__ import annotations
@@ -196,40 +197,79 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
     t_q_idx, t_kind, t_sched, t_rank = _transposed_cached(col_idx, block_kind, row_sched, meta[2], Sq,
                                                           cfg.block_m, ascending=det)
     kernel = _kernel_for(config_json)
-
-    # One fp32 workspace: LSE2 and delta rows (16-byte rows for their TMA loads), the dQ accumulator, and the
-    # deterministic turn counters (one per 64-query dQ tile); the launcher's prep kernel zeroes the last two.
-    sq_pad = (Sq + 3) // 4 * 4
-    n_ws, n_acc = 2 * B * H * sq_pad, B * H * Sq * D
-    n_sem = B * H * ((Sq + 63) // 64) if det else 0
-    work = torch.empty(n_ws + n_acc + n_sem, dtype=torch.float32, device=q.device)
-    ws = work[:n_ws].view(2, B, H, sq_pad)
-    dq_acc = work[n_ws:n_ws + n_acc].view(B, H, Sq, D)
-    dq_sem = work[n_ws + n_acc:].view(torch.int32) if det else None
-    dq = torch.empty_like(q)
-    gqa = Hkv != H
-    dk = torch.empty((B, H, Sk, D), dtype=q.dtype, device=q.device) if gqa else torch.empty_like(k)
-    dv = torch.empty((B, H, Sk, D), dtype=q.dtype, device=q.device) if gqa else torch.empty_like(v)
-    if _poison():  # the turn counters stay as they are: the prep kernel must zero them (and the accumulator)
-        for t in (work[:n_ws + n_acc], dq, dk, dv):
-            t.fill_(float("nan"))
-    fields = _family.launch_args(q=q, k=k, v=v, o=o, do=do, lse=lse, glse=glse, lse2=ws[0], delta=ws[1],
-                                 dq_acc=dq_acc, dq=dq, dk=dk, dv=dv, t_q_idx=t_q_idx, t_kind=t_kind,
-                                 t_sched=t_sched, t_rank=t_rank if det else None, dq_sem=dq_sem,
-                                 window_left=meta[0], window_right=meta[1], scale=scale,
-                                 head_group=HEAD_GROUP_DET if det else HEAD_GROUP)
     dev = q.device.index
     from . import dispatch
     dispatch.check_device(config_json, dev)  # arch and shared memory, once per (config, device)
-    args = kernel.Args(**fields)
-    kernel.launch_on(args, dev)  # torch's current stream on q's device
-    if gqa:
-        g = H // Hkv
-        dk_out, dv_out = torch.empty_like(k), torch.empty_like(v)
-        dk_out.copy_(dk.view(B, Hkv, g, Sk, D).sum(2, dtype=torch.float32))
-        dv_out.copy_(dv.view(B, Hkv, g, Sk, D).sum(2, dtype=torch.float32))
-        dk, dv = dk_out, dv_out
+    dq = torch.empty_like(q)
+    g = H // Hkv
+    # GQA: one launch per member r of the query-head groups (heads r, G + r, ...: one per K/V head, strided views),
+    # so dK/dV come out per K/V head and the workspace covers Hkv heads; a fixed order of adds (deterministic).
+    # Extra memory stays within one fp32 dQ accumulator of all heads (seq_q = seq_k): G <= 3 adds in the dtype
+    # (each add rounds once, as a float32 sum of two would), G >= 4 into a float32 sum.
+    work = _Workspace(B, H // g, Sq, D, det, q.device)
+    launch = partial(_launch, kernel, dev, work, t_q_idx, t_kind, t_sched, t_rank if det else None, meta, scale)
+    if g == 1:
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        launch(q, k, v, o, lse, do, glse, dq, dk, dv)
+        return dq, dk, dv
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    part_k, part_v = torch.empty_like(k), torch.empty_like(v)
+    sum_k = sum_v = None
+    for r in range(g):
+        heads = slice(r, None, g)
+        hl = slice(None) if t_sched.shape[0] == 1 else heads
+        outs = (dk, dv) if r == 0 else (part_k, part_v)
+        launch(q[:, heads], k, v, o[:, heads], lse[:, heads], do[:, heads],
+               None if glse is None else glse[:, heads], dq[:, heads], *outs, layout_heads=hl)
+        if r == 0:
+            if g >= 4:
+                sum_k, sum_v = dk.float(), dv.float()
+        elif sum_k is not None:
+            sum_k.add_(part_k)
+            sum_v.add_(part_v)
+        else:
+            dk.add_(part_k)
+            dv.add_(part_v)
+    if sum_k is not None:
+        dk.copy_(sum_k)
+        dv.copy_(sum_v)
     return dq, dk, dv
+
+
+class _Workspace:
+    """One fp32 buffer for a launch's LSE2 and delta rows (16-byte rows for their TMA loads), its dQ accumulator and
+    the deterministic turn counters (one per 64-query dQ tile); the launcher's prep kernel zeroes the last two, so
+    consecutive launches on one stream reuse it."""
+
+    def __init__(self, B: int, H: int, Sq: int, D: int, det: bool, device):
+        sq_pad = (Sq + 3) // 4 * 4
+        n_ws, n_acc = 2 * B * H * sq_pad, B * H * Sq * D
+        n_sem = B * H * ((Sq + 63) // 64) if det else 0
+        self.buf = torch.empty(n_ws + n_acc + n_sem, dtype=torch.float32, device=device)
+        self.ws = self.buf[:n_ws].view(2, B, H, sq_pad)
+        self.dq_acc = self.buf[n_ws:n_ws + n_acc].view(B, H, Sq, D)
+        self.dq_sem = self.buf[n_ws + n_acc:].view(torch.int32) if det else None
+        self.poisonable = self.buf[:n_ws + n_acc]  # the turn counters stay as they are: prep must zero them
+
+
+def _launch(kernel, dev, work: _Workspace, t_q_idx, t_kind, t_sched, t_rank, meta, scale, q, k, v, o, lse, do, glse,
+            dq, dk, dv, layout_heads=slice(None)):
+    """One launcher call (prep, main kernel, dQ convert) for the query heads of q (K/V head h serves q's head h's
+    group); ``layout_heads``: the per-head transposed layout's rows of those heads (strided rows keep the kernel's
+    row stride; the schedule is copied)."""
+    if layout_heads != slice(None):
+        t_q_idx, t_kind = t_q_idx[layout_heads], t_kind[layout_heads]
+        t_sched = t_sched[layout_heads].contiguous()
+        t_rank = None if t_rank is None else t_rank[layout_heads]
+    if _poison():
+        for t in (work.poisonable, dq, dk, dv):
+            t.fill_(float("nan"))
+    fields = _family.launch_args(q=q, k=k, v=v, o=o, do=do, lse=lse, glse=glse, lse2=work.ws[0], delta=work.ws[1],
+                                 dq_acc=work.dq_acc, dq=dq, dk=dk, dv=dv, t_q_idx=t_q_idx, t_kind=t_kind,
+                                 t_sched=t_sched, t_rank=t_rank, dq_sem=work.dq_sem,
+                                 window_left=meta[0], window_right=meta[1], scale=scale,
+                                 head_group=HEAD_GROUP_DET if t_rank is not None else HEAD_GROUP)
+    kernel.launch_on(kernel.Args(**fields), dev)  # torch's current stream on q's device
 
 
 def element_mask(col_idx, block_kind, row_sched, meta, seq_q: int, seq_k: int, block_m: int,

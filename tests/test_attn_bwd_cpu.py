@@ -434,3 +434,36 @@ def test_bench_bwd_lists_its_cases_and_formats_rows(capsys):
     md = backward.markdown("GPU", rows, {"k": 1})
     assert "| c | bsk bwd | float16 | 1,2,3,64 | 2.000 | 5.0 | 1.50x Flex |" in md
     assert "det cost +10.0 %" in md
+
+
+@pytest.mark.parametrize("H,Hkv,heads", [(4, 4, 1), (6, 2, 6), (8, 2, 1), (8, 1, 8)], ids=["mha", "g3", "g4", "mqa8"])
+def test_gqa_launch_orchestration(H, Hkv, heads, monkeypatch):
+    """The op's GQA path without a GPU: one launch per group member r sees query heads r, G + r, ... (strided views,
+    with the per-head transposed layout's matching rows) and all K/V heads, and the launches' dK/dV are summed per
+    K/V head. A stand-in launch writes dQ = 2q, dK = q, dV = o and records the layout rows it got."""
+    B, S, D = 1, 256, 64
+    seen = []
+
+    def fake_launch(kernel, dev, work, t_q_idx, t_kind, t_sched, t_rank, meta, scale, q, k, v, o, lse, do, glse,
+                    dq, dk, dv, layout_heads=slice(None)):
+        assert q.shape[1] == k.shape[1] == dk.shape[1] == Hkv and work.dq_acc.shape == (B, Hkv, S, D)
+        seen.append(t_q_idx[layout_heads].shape[0])
+        dq.copy_(2 * q)
+        dk.copy_(q)
+        dv.copy_(o)
+    monkeypatch.setattr(ab, "_launch_heads", fake_launch)
+    monkeypatch.setattr(ab, "_kernel_for", lambda text: None)
+    from blackwell_sparsek.ops import dispatch
+    monkeypatch.setattr(dispatch, "check_device", lambda *a: None)
+    lay = BlockSparseLayout.random_topk(seq_q=S, k=1, seed=1, num_heads=heads)
+    q, o, do = (torch.randn(B, H, S, D, dtype=torch.float16) for _ in range(3))
+    k, v = (torch.randn(B, Hkv, S, D, dtype=torch.float16) for _ in range(2))
+    lse = torch.randn(B, H, S)
+    cfg = ab.bwd_config_json(AttentionConfig(head_dim=D, tile_n=64, stages=2).to_json())
+    dq, dk, dv = ab._attn_bwd_cuda(q, k, v, o, lse, do, None, lay.col_idx, lay.block_kind, lay.row_schedule(),
+                                   [-1, -1, lay.n_kblocks, 0, 0], 0.1, cfg)
+    g = H // Hkv
+    assert len(seen) == g and all(n == (1 if heads == 1 else Hkv) for n in seen)
+    assert torch.equal(dq, 2 * q)
+    torch.testing.assert_close(dk, q.float().view(B, Hkv, g, S, D).sum(2).half(), rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(dv, o.float().view(B, Hkv, g, S, D).sum(2).half(), rtol=2e-3, atol=2e-3)

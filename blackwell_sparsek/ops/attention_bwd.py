@@ -206,31 +206,25 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
     # so dK/dV come out per K/V head and the workspace covers Hkv heads; a fixed order of adds (deterministic).
     # Extra memory stays within one fp32 dQ accumulator of all heads (seq_q = seq_k): G <= 3 adds in the dtype
     # (each add rounds once, as a float32 sum of two would), G >= 4 into a float32 sum.
-    work = _Workspace(B, H // g, Sq, D, det, q.device)
-    launch = partial(_launch, kernel, dev, work, t_q_idx, t_kind, t_sched, t_rank if det else None, meta, scale)
+    work = _Workspace(B, Hkv, Sq, D, det, q.device)
+    launch = partial(_launch_heads, kernel, dev, work, t_q_idx, t_kind, t_sched, t_rank if det else None, meta,
+                     scale)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
     if g == 1:
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
         launch(q, k, v, o, lse, do, glse, dq, dk, dv)
         return dq, dk, dv
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
     part_k, part_v = torch.empty_like(k), torch.empty_like(v)
-    sum_k = sum_v = None
     for r in range(g):
         heads = slice(r, None, g)
-        hl = slice(None) if t_sched.shape[0] == 1 else heads
-        outs = (dk, dv) if r == 0 else (part_k, part_v)
-        launch(q[:, heads], k, v, o[:, heads], lse[:, heads], do[:, heads],
-               None if glse is None else glse[:, heads], dq[:, heads], *outs, layout_heads=hl)
+        launch(q[:, heads], k, v, o[:, heads], lse[:, heads], do[:, heads], None if glse is None else glse[:, heads],
+               dq[:, heads], *((dk, dv) if r == 0 else (part_k, part_v)),
+               layout_heads=slice(None) if t_sched.shape[0] == 1 else heads)
         if r == 0:
-            if g >= 4:
-                sum_k, sum_v = dk.float(), dv.float()
-        elif sum_k is not None:
+            sum_k, sum_v = (dk.float(), dv.float()) if g >= 4 else (dk, dv)
+        else:
             sum_k.add_(part_k)
             sum_v.add_(part_v)
-        else:
-            dk.add_(part_k)
-            dv.add_(part_v)
-    if sum_k is not None:
+    if sum_k is not dk:
         dk.copy_(sum_k)
         dv.copy_(sum_v)
     return dq, dk, dv
@@ -252,7 +246,7 @@ class _Workspace:
         self.poisonable = self.buf[:n_ws + n_acc]  # the turn counters stay as they are: prep must zero them
 
 
-def _launch(kernel, dev, work: _Workspace, t_q_idx, t_kind, t_sched, t_rank, meta, scale, q, k, v, o, lse, do, glse,
+def _launch_heads(kernel, dev, work: _Workspace, t_q_idx, t_kind, t_sched, t_rank, meta, scale, q, k, v, o, lse, do, glse,
             dq, dk, dv, layout_heads=slice(None)):
     """One launcher call (prep, main kernel, dQ convert) for the query heads of q (K/V head h serves q's head h's
     group); ``layout_heads``: the per-head transposed layout's rows of those heads (strided rows keep the kernel's

@@ -93,19 +93,23 @@ class BwdCall:
         acc = self.q.numel() * 4
         return {"peak_over_inputs": peak, "outputs": outs, "extra": peak - outs, "fp32_dq_accumulator": acc}
 
+    def graph(self):
+        """The same call captured in a CUDA graph (after one warm-up call on a side stream)."""
+        import torch
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            self()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self()
+        return g
+
     def graph_ms(self) -> float | None:
         """The same call replayed from a CUDA graph: GPU time without the host's per-call work."""
-        import torch
         try:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                self()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self()
-            return _time(g.replay)
+            return _time(self.graph().replay)
         except Exception as e:  # capture not possible here: report, do not fail the run
             print(f"cuda graph capture failed: {e}", file=sys.stderr)
             return None

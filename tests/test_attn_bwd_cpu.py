@@ -438,21 +438,17 @@ def test_bench_bwd_lists_its_cases_and_formats_rows(capsys):
 
 @pytest.mark.parametrize("H,Hkv,heads", [(4, 4, 1), (6, 2, 6), (8, 2, 1), (8, 1, 8)], ids=["mha", "g3", "g4", "mqa8"])
 def test_gqa_launch_orchestration(H, Hkv, heads, monkeypatch):
-    """The op's GQA path without a GPU: one launch per group member r sees query heads r, G + r, ... (strided views,
-    with the per-head transposed layout's matching rows) and all K/V heads, and the launches' dK/dV are summed per
-    K/V head. A stand-in launch writes dQ = 2q, dK = q, dV = o and records the layout rows it got."""
+    """The op's GQA path without a GPU: one launch with all query heads, dK/dV per K/V head, the workspace over
+    the query heads, and the transposed view stacked per K/V head (1 or Hkv layout rows)."""
     B, S, D = 1, 256, 64
     seen = []
 
-    def fake_launch(kernel, dev, work, t_q_idx, t_kind, t_sched, t_rank, meta, scale, q, k, v, o, lse, do, glse,
-                    dq, dk, dv, layout_heads=slice(None)):
-        assert q.shape[1] == k.shape[1] == dk.shape[1] == Hkv and work.dq_acc.shape == (B, Hkv, S, D)
-        seen.append(t_q_idx[layout_heads].shape[0])
-        dq.copy_(2 * q)
-        dk.copy_(q)
-        dv.copy_(o)
-    monkeypatch.setattr(ab, "_launch_heads", fake_launch)
-    monkeypatch.setattr(ab, "_kernel_for", lambda text: None)
+    class FakeKernel:
+        Args = dict
+
+        def launch_on(self, fields, dev):
+            seen.append(fields)
+    monkeypatch.setattr(ab, "_kernel_for", lambda text: FakeKernel())
     from blackwell_sparsek.ops import dispatch
     monkeypatch.setattr(dispatch, "check_device", lambda *a: None)
     lay = BlockSparseLayout.random_topk(seq_q=S, k=1, seed=1, num_heads=heads)
@@ -462,8 +458,69 @@ def test_gqa_launch_orchestration(H, Hkv, heads, monkeypatch):
     cfg = ab.bwd_config_json(AttentionConfig(head_dim=D, tile_n=64, stages=2).to_json())
     dq, dk, dv = ab._attn_bwd_cuda(q, k, v, o, lse, do, None, lay.col_idx, lay.block_kind, lay.row_schedule(),
                                    [-1, -1, lay.n_kblocks, 0, 0], 0.1, cfg)
-    g = H // Hkv
-    assert len(seen) == g and all(n == (1 if heads == 1 else Hkv) for n in seen)
-    assert torch.equal(dq, 2 * q)
-    torch.testing.assert_close(dk, q.float().view(B, Hkv, g, S, D).sum(2).half(), rtol=2e-3, atol=2e-3)
-    torch.testing.assert_close(dv, o.float().view(B, Hkv, g, S, D).sum(2).half(), rtol=2e-3, atol=2e-3)
+    assert len(seen) == 1
+    f = seen[0]
+    assert (f["heads"], f["heads_kv"], f["layout_heads"]) == (H, Hkv, 1 if heads == 1 else Hkv)
+    assert dq.shape == q.shape and dk.shape == dv.shape == k.shape
+    assert (f["dk"], f["dv"], f["dq"]) == (dk.data_ptr(), dv.data_ptr(), dq.data_ptr())
+    assert f["col_stride"] == (H // Hkv) * lay.col_idx.shape[1]
+
+
+def _stacked_reference(lay, group):
+    """Per K/V head and key block: the (r * nq + query block, kind, rank) entries of the group's query heads, in
+    ascending stacked order, from the layout's rows directly."""
+    nq, nk = lay.n_qblocks, lay.n_kblocks
+    hl = lay.num_heads
+    out = {}
+    for hk in range(max(hl // group, 1)):
+        for j in range(nk):
+            ent = []
+            for r in range(group):
+                h = hk * group + r if hl > 1 else 0
+                for qb in range(nq):
+                    row = lay.col_idx[h, lay.row_ptr[h, qb]:lay.row_ptr[h, qb + 1]].tolist()
+                    if j in row:
+                        pos = row.index(j)
+                        kind = int(lay.block_kind[h, lay.row_ptr[h, qb] + pos])
+                        if lay.seq_q % lay.block_m and qb == nq - 1:
+                            kind |= BOUNDS
+                        ent.append((r * nq + qb, kind, pos))
+            out[hk, j] = ent
+    return out
+
+
+@pytest.mark.parametrize("ascending", [False, True], ids=["heaviest_first", "ascending"])
+@pytest.mark.parametrize("name,group", [("topk_per_head", 3), ("causal_odd", 4), ("empty_rows_cols", 2),
+                                        ("topk_64_256", 2)])
+def test_transposed_view_stacks_gqa_groups(name, group, ascending):
+    """transposed_view(group=G): one column per (K/V head, key block) listing the group's query heads' blocks as
+    r * nq + query block (ascending), kinds with BOUNDS on each head's last query block, ranks in each head's own
+    row, the schedule over the stacked counts; a per-head layout whose head count G does not divide is refused."""
+    lay = _layouts()[name]
+    t_q, t_kind, t_sched, t_rank = ab.transposed_view(lay.col_idx, lay.block_kind, lay.row_schedule(),
+                                                      lay.n_kblocks, lay.seq_q, lay.block_m, ascending, group)
+    hl_out = 1 if lay.num_heads == 1 else lay.num_heads // group
+    assert t_q.shape == (hl_out, group * lay.col_idx.shape[1]) and t_sched.shape == (hl_out, lay.n_kblocks, 4)
+    ref = _stacked_reference(lay, group)
+    for hk in range(hl_out):
+        counts = {}
+        for kb, start, end, first in t_sched[hk].tolist():
+            got = list(zip(t_q[hk, start:end].tolist(), t_kind[hk, start:end].tolist(),
+                           t_rank[hk, start:end].tolist()))
+            key_end = BOUNDS if lay.seq_k % lay.block_n and kb == lay.n_kblocks - 1 else 0
+            assert got == [(e, k | key_end, rk) for e, k, rk in ref[hk, kb]]
+            counts[kb] = end - start
+            if end > start:
+                assert first == got[0][0] | (got[0][1] << 24)
+        order = [kb for kb, *_ in t_sched[hk].tolist()]
+        if ascending:
+            assert order == list(range(lay.n_kblocks))
+        else:
+            assert [counts[kb] for kb in order] == sorted(counts.values(), reverse=True)
+    with pytest.raises(InputError, match="24-bit"):
+        ab.transposed_view(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, lay.seq_q, lay.block_m,
+                           ascending, (1 << 24) // lay.n_qblocks + 1)
+    if lay.num_heads > 1:
+        with pytest.raises(InputError, match="cannot be grouped"):
+            ab.transposed_view(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, lay.seq_q,
+                               lay.block_m, ascending, lay.num_heads + 1)

@@ -140,10 +140,10 @@ def test_mqa_and_seq_q_longer_than_seq_k():
 @pytest.mark.parametrize("H,Hkv,pattern", [(6, 2, "topk_per_head"), (8, 2, "empty_rows_cols"), (8, 1, "causal")],
                          ids=["g3", "g4", "mqa8"])
 def test_gqa_group_sizes_deterministic_and_within_the_memory_bound(H, Hkv, pattern):
-    """GQA runs one launch per member of the query-head groups and adds dK/dV in a fixed order: gradients against
-    float64 for groups of 3, 4 and 8 (per-head layouts take strided rows of the transposed view), the
-    deterministic mode bitwise repeatable, and a backward call's extra memory within one fp32 dQ accumulator of
-    all heads (issue 26's bound), not the per-query-head dK/dV buffers of before."""
+    """GQA sums dK/dV over a K/V head's query heads inside the kernel (the transposed view stacks them): gradients
+    against float64 for groups of 3, 4 and 8 (per-head and shared layouts), the deterministic mode bitwise
+    repeatable, and a backward call's extra memory within one fp32 dQ accumulator of all heads (issue 26's bound),
+    with no per-query-head dK/dV buffer."""
     B, Sq, Sk, D = 1, 700, 700, 128
     layout, causal = _layouts(Sq, Sk, H)[pattern]
     layout = layout.to("cuda")

@@ -157,14 +157,15 @@ def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t
                 dq_sem, window_left: int, window_right: int, scale: float, head_group: int = 0) -> dict[str, Any]:
     """Keyword fields of the ABI struct, in ABI order.
 
-    q, o, do, dq: (B, H, Sq, D); k, v: (B, Hkv, Sk, D); dk, dv: (B, H, Sk, D) per query head (the op launches
-    with H = Hkv, one call per member of the GQA groups, and adds them); lse (and glse, the LSE's upstream gradient, or None): (B, H, Sq) fp32 with
-    unit sequence stride; lse2, delta: the kernel's workspace rows (B, H, >= Sq), fp32, one layout, unit sequence
-    stride, 16-byte aligned rows; dq_acc: (B, H, Sq, D) fp32 contiguous (the launcher zeroes it); t_*: the
-    transposed layout (query blocks per key block) and its schedule [Hl, nk, 4]; deterministic kernels also take
-    t_rank (each entry's position in its query block's list) and dq_sem (int32, B * H * ceil(Sq / 64), zeroed by
-    the launcher); the others take None for both. head_group: (batch, head)s per group of the tile order (0: those
-    whose Q and dO fit in half of L2; else the largest divisor of B * H up to it)."""
+    q, o, do, dq: (B, H, Sq, D); k, v, dk, dv: (B, Hkv, Sk, D) (the kernel sums dK/dV over the query heads of a
+    K/V head); lse (and glse, the LSE's upstream gradient, or None): (B, H, Sq) fp32 with unit sequence stride;
+    lse2, delta: the kernel's workspace rows (B, H, >= Sq), fp32, one layout, unit sequence stride, 16-byte
+    aligned rows; dq_acc: (B, H, Sq, D) fp32 contiguous (the launcher zeroes it); t_*: the transposed layout
+    (query blocks per key block; under GQA stacked per K/V head: transposed_view(group=H // Hkv)) and its
+    schedule [1 or Hkv, nk, 4]; deterministic kernels also take t_rank (each entry's position in its query
+    block's list) and dq_sem (int32, B * H * ceil(Sq / 64), zeroed by the launcher); the others take None for
+    both. head_group: (batch, K/V head)s per group of the tile order (0: those whose Q and dO fit in half of L2;
+    else the largest divisor of B * Hkv up to it)."""
     B, H, Sq, D = q.shape
     if glse is not None and glse.stride() != lse.stride():
         raise InvalidConfigError("glse must have lse's strides (the kernel takes one stride pair for both)")

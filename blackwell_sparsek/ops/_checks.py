@@ -197,8 +197,8 @@ def check_launch_limits(q, k, v) -> None:
 def check_backward_limits(q, k, v) -> None:
     """What the backward launcher takes (it keeps example 88's 32-bit strides, the forward's are 64-bit): every
     stride of q, k, v and of the (B, H, S, D) tensors it reads or writes densely (O, dO, dQ, the fp32 dQ accumulator)
-    below 2^31 elements, and H*Sk*D too (an upper bound of dK/dV's size since GQA launches per group member write
-    them per K/V head). Checked before a forward that will need the backward."""
+    below 2^31 elements, and H*Sk*D too (an upper bound of dK/dV's size per batch entry, which the kernel writes per
+    K/V head). Checked before a forward that will need the backward."""
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
     qs, ks, vs = q.stride(), k.stride(), v.stride()

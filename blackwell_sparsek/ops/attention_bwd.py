@@ -9,9 +9,9 @@ training steps reuse one view).
 
 The backward kernel (family ``attn_bwd``, ``blackwell_sparsek.families.attn_bwd``) does everything in one launcher
 call on torch's current stream: zero the fp32 dQ accumulator, prep (delta = rowsum(dO * O) - g_lse in fp32 and
-LSE2 = LSE * log2(e), +inf on rows with no visible key), the main kernel, and the dQ convert. Under GQA the op
-makes one call per member of the query-head groups (strided head views) and adds their dK/dV in a fixed order, so
-no per-query-head dK/dV buffer is needed. On tensors that are not on a CUDA device the op computes the same formulas
+LSE2 = LSE * log2(e), +inf on rows with no visible key), the main kernel, and the dQ convert. Under GQA the
+transposed view stacks the query heads that share a K/V head, so the kernel sums their dK/dV in registers and
+writes them per K/V head. On tensors that are not on a CUDA device the op computes the same formulas
 densely in float64 (tests; the public API's CPU fallback is the reference's own autograd).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _slot_rows(col_idx: torch.Tensor, row_sched: torch.Tensor
 
 
 def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: torch.Tensor, n_kblocks: int,
-                    seq_q: int, block_m: int, ascending: bool = False
+                    seq_q: int, block_m: int, ascending: bool = False, group: int = 1
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The layout's transpose as the backward kernel reads it: (t_q_idx int32 [Hl, W], t_kind uint8 [Hl, W],
     t_sched int32 [Hl, nk, 4], t_rank int32 [Hl, W]). Row j of the transpose (key block j) lists, ascending, the
@@ -67,13 +67,35 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     the forward's packing: (key block, start, end, first query block | kind << 24), heaviest key blocks first
     (stable), or in key-block order with ``ascending`` (the deterministic kernel's order: a key block's CTAs start
     after those of every key block before it). W = col_idx's width (each head's nnz fits). Device ops only, no host
-    sync."""
+    sync.
+
+    ``group`` > 1 (GQA: query heads per K/V head) stacks the rows of each group's heads into one layout per K/V
+    head (query block qb of the group's r-th head becomes qb + r * nq): the kernel walks, per key block, every
+    listed query block of all the heads that share its K/V and sums their dK/dV in registers. A shared layout
+    (one head) stays shared; a per-head one gets Hl / group rows. W becomes group * W."""
     hl, w = col_idx.shape
     nq = row_sched.shape[1]
     nk = int(n_kblocks)
     dev = col_idx.device
     row, valid, rank = _slot_rows(col_idx, row_sched)
     col = col_idx.long()
+    block_kind = block_kind.expand(hl, w)
+    if group * nq >= 1 << 24:  # the schedule packs a stacked query block in 24 bits (entry | kind << 24)
+        raise InputError(f"{group} query heads per K/V head x {nq} query blocks do not fit the backward's 24-bit "
+                         f"block index: split the call over query heads (each K/V head with its own group)")
+    if group > 1:
+        if hl > 1:
+            if hl % group:
+                raise InputError(f"a per-head layout of {hl} heads cannot be grouped by {group}")
+            hl //= group
+        else:
+            row, valid, rank, col, block_kind = (t.expand(group, w) for t in (row, valid, rank, col, block_kind))
+        r = torch.arange(group, device=dev).repeat(hl).view(hl * group, 1)
+        row = row + r * nq
+        row, valid, rank, col, block_kind = (t.reshape(hl, group * w) for t in (row, valid, rank, col, block_kind))
+        nq_head, nq, w = nq, nq * group, w * group
+    else:
+        nq_head = nq
     end_key = nk * nq
     key = torch.where(valid, col * nq + row, torch.full_like(col, end_key))
     skey, order = torch.sort(key, dim=1, stable=True)
@@ -81,7 +103,7 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     t_q = torch.where(svalid, skey % nq, torch.zeros_like(skey))
     kind = torch.gather(block_kind, 1, order)
     if seq_q % block_m:
-        kind = kind | ((t_q == nq - 1) & svalid).to(torch.uint8) * _BOUNDS
+        kind = kind | ((t_q % nq_head == nq_head - 1) & svalid).to(torch.uint8) * _BOUNDS
     kind = torch.where(svalid, kind, torch.zeros_like(kind))
     t_q_idx = t_q.to(torch.int32)
     t_rank = torch.where(svalid, torch.gather(rank, 1, order), torch.zeros_like(rank)).to(torch.int32)
@@ -105,19 +127,19 @@ _TCACHE: dict[int, tuple] = {}
 _TCACHE_MAX = 64
 
 
-def _transposed_cached(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, ascending=False):
+def _transposed_cached(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, ascending=False, group=1):
     """transposed_view(), cached by the identity (and version) of the three layout tensors."""
-    facts = (int(n_kblocks), int(seq_q), int(block_m), bool(ascending), col_idx._version, block_kind._version,
-             row_sched._version)
-    hit = _TCACHE.get((id(col_idx), bool(ascending)))
+    facts = (int(n_kblocks), int(seq_q), int(block_m), col_idx._version, block_kind._version, row_sched._version)
+    key = (id(col_idx), bool(ascending), int(group))
+    hit = _TCACHE.get(key)
     if hit is not None:
         refs, got_facts, view = hit
         if all(r() is t for r, t in zip(refs, (col_idx, block_kind, row_sched))) and got_facts == facts:
             return view
-    view = transposed_view(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, ascending)
+    view = transposed_view(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, ascending, group)
     if len(_TCACHE) >= _TCACHE_MAX:
         _TCACHE.pop(next(iter(_TCACHE)))
-    _TCACHE[(id(col_idx), bool(ascending))] = (tuple(weakref.ref(t) for t in (col_idx, block_kind, row_sched)), facts, view)
+    _TCACHE[key] = (tuple(weakref.ref(t) for t in (col_idx, block_kind, row_sched)), facts, view)
     return view
 
 
@@ -183,7 +205,7 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
     """``trusted``: q, k, v were checked by the eager forward and o is its output (TMA-ready, strides in range)."""
     cfg = _bwd_config(config_json)
     B, H, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
+    Hkv = k.shape[1]
     if do.dtype != q.dtype:
         do = do.to(q.dtype)
     if not _tma_ready(do):
@@ -194,46 +216,31 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
     lse = lse.contiguous()
     glse = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
     det = cfg.deterministic
-    t_q_idx, t_kind, t_sched, t_rank = _transposed_cached(col_idx, block_kind, row_sched, meta[2], Sq,
-                                                          cfg.block_m, ascending=det)
+    # GQA: the view stacks the query heads of each K/V head, so one CTA per key tile of a K/V head sums dK/dV over
+    # its whole group in registers (dK/dV come out per K/V head; no per-query-head buffer, no second pass).
+    t_q_idx, t_kind, t_sched, t_rank = _transposed_cached(col_idx, block_kind, row_sched, meta[2], Sq, cfg.block_m,
+                                                          ascending=det, group=H // Hkv)
     kernel = _kernel_for(config_json)
     dev = q.device.index
     from . import dispatch
     dispatch.check_device(config_json, dev)  # arch and shared memory, once per (config, device)
-    dq = torch.empty_like(q)
-    g = H // Hkv
-    # GQA: one launch per member r of the query-head groups (heads r, G + r, ...: one per K/V head, strided views),
-    # so dK/dV come out per K/V head and the workspace covers Hkv heads; a fixed order of adds (deterministic).
-    # Extra memory stays within one fp32 dQ accumulator of all heads (seq_q = seq_k): G <= 3 adds in the dtype
-    # (each add rounds once, as a float32 sum of two would), G >= 4 into a float32 sum.
-    work = _Workspace(B, Hkv, Sq, D, det, q.device)
-    launch = partial(_launch_heads, kernel, dev, work, t_q_idx, t_kind, t_sched, t_rank if det else None, meta,
-                     scale)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    if g == 1:
-        launch(q, k, v, o, lse, do, glse, dq, dk, dv)
-        return dq, dk, dv
-    part_k, part_v = torch.empty_like(k), torch.empty_like(v)
-    for r in range(g):
-        heads = slice(r, None, g)
-        launch(q[:, heads], k, v, o[:, heads], lse[:, heads], do[:, heads], None if glse is None else glse[:, heads],
-               dq[:, heads], *((dk, dv) if r == 0 else (part_k, part_v)),
-               layout_heads=slice(None) if t_sched.shape[0] == 1 else heads)
-        if r == 0:
-            sum_k, sum_v = (dk.float(), dv.float()) if g >= 4 else (dk, dv)
-        else:
-            sum_k.add_(part_k)
-            sum_v.add_(part_v)
-    if sum_k is not dk:
-        dk.copy_(sum_k)
-        dv.copy_(sum_v)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    work = _Workspace(B, H, Sq, D, det, q.device)
+    if _poison():
+        for t in (work.poisonable, dq, dk, dv):
+            t.fill_(float("nan"))
+    fields = _family.launch_args(q=q, k=k, v=v, o=o, do=do, lse=lse, glse=glse, lse2=work.ws[0], delta=work.ws[1],
+                                 dq_acc=work.dq_acc, dq=dq, dk=dk, dv=dv, t_q_idx=t_q_idx, t_kind=t_kind,
+                                 t_sched=t_sched, t_rank=t_rank if det else None, dq_sem=work.dq_sem,
+                                 window_left=meta[0], window_right=meta[1], scale=scale,
+                                 head_group=HEAD_GROUP_DET if det else HEAD_GROUP)
+    kernel.launch_on(kernel.Args(**fields), dev)  # torch's current stream on q's device
     return dq, dk, dv
 
 
 class _Workspace:
-    """One fp32 buffer for a launch's LSE2 and delta rows (16-byte rows for their TMA loads), its dQ accumulator and
-    the deterministic turn counters (one per 64-query dQ tile); the launcher's prep kernel zeroes the last two, so
-    consecutive launches on one stream reuse it."""
+    """One fp32 buffer for the LSE2 and delta rows (16-byte rows for their TMA loads), the dQ accumulator and the
+    deterministic turn counters (one per 64-query dQ tile); the launcher's prep kernel zeroes the last two."""
 
     def __init__(self, B: int, H: int, Sq: int, D: int, det: bool, device):
         sq_pad = (Sq + 3) // 4 * 4
@@ -244,26 +251,6 @@ class _Workspace:
         self.dq_acc = self.buf[n_ws:n_ws + n_acc].view(B, H, Sq, D)
         self.dq_sem = self.buf[n_ws + n_acc:].view(torch.int32) if det else None
         self.poisonable = self.buf[:n_ws + n_acc]  # the turn counters stay as they are: prep must zero them
-
-
-def _launch_heads(kernel, dev, work: _Workspace, t_q_idx, t_kind, t_sched, t_rank, meta, scale, q, k, v, o, lse, do, glse,
-            dq, dk, dv, layout_heads=slice(None)):
-    """One launcher call (prep, main kernel, dQ convert) for the query heads of q (K/V head h serves q's head h's
-    group); ``layout_heads``: the per-head transposed layout's rows of those heads (strided rows keep the kernel's
-    row stride; the schedule is copied)."""
-    if layout_heads != slice(None):
-        t_q_idx, t_kind = t_q_idx[layout_heads], t_kind[layout_heads]
-        t_sched = t_sched[layout_heads].contiguous()
-        t_rank = None if t_rank is None else t_rank[layout_heads]
-    if _poison():
-        for t in (work.poisonable, dq, dk, dv):
-            t.fill_(float("nan"))
-    fields = _family.launch_args(q=q, k=k, v=v, o=o, do=do, lse=lse, glse=glse, lse2=work.ws[0], delta=work.ws[1],
-                                 dq_acc=work.dq_acc, dq=dq, dk=dk, dv=dv, t_q_idx=t_q_idx, t_kind=t_kind,
-                                 t_sched=t_sched, t_rank=t_rank, dq_sem=work.dq_sem,
-                                 window_left=meta[0], window_right=meta[1], scale=scale,
-                                 head_group=HEAD_GROUP_DET if t_rank is not None else HEAD_GROUP)
-    kernel.launch_on(kernel.Args(**fields), dev)  # torch's current stream on q's device
 
 
 def element_mask(col_idx, block_kind, row_sched, meta, seq_q: int, seq_k: int, block_m: int,

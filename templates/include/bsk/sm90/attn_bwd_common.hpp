@@ -33,7 +33,8 @@ struct TLayoutParams {
   int layout_heads;        // 1 (shared by all heads) or heads
   int col_stride;          // row stride of q_idx / kind
   int heads_kv;
-  int group;               // query heads per K/V head (GQA)
+  int group;               // query heads per K/V head (GQA): the layout stacks them (see split_entry)
+  int nq_head;             // query blocks per head: a stacked entry's stride between heads
   int window_left;         // element rule, -1 = unbounded
   int window_right;
   // Deterministic mode only (else null / 0):
@@ -51,7 +52,7 @@ struct TColumn {
   int first;
 };
 
-// blk_coord: (_0, 128-key tile, (b, h), (start, end, first)) as BwdTileScheduler makes it.
+// blk_coord: (_0, 128-key tile, (b, K/V head), (start, end, first)) as BwdTileScheduler makes it.
 template <class BlkCoord>
 CUTLASS_DEVICE TColumn column_of(BlkCoord const& blk_coord, TLayoutParams const& l) {
   int h = get<2, 1>(blk_coord);
@@ -60,6 +61,22 @@ CUTLASS_DEVICE TColumn column_of(BlkCoord const& blk_coord, TLayoutParams const&
   size_t base = size_t(lh) * l.col_stride + start;
   return TColumn{l.q_idx + base, l.kind + base, l.rank != nullptr ? l.rank + base : nullptr,
                  get<3, 1>(blk_coord) - start, get<3, 2>(blk_coord)};
+}
+
+// A column entry -> (r, query block): under GQA the transposed layout stacks the query heads that share a K/V
+// head (one CTA per key tile of a K/V head walks all of them), query block qb of the group's r-th head as
+// qb + r * nq_head, ascending, so r changes at most group - 1 times along a column.
+CUTLASS_DEVICE void split_entry(int entry, TLayoutParams const& l, int& r, int& qb) {
+  r = l.group == 1 ? 0 : entry / l.nq_head;
+  qb = entry - r * l.nq_head;
+}
+
+// blk_coord with query head h in place of its K/V head (the Q, dO, LSE2, delta and dQ coordinates).
+template <class BlkCoord>
+CUTLASS_DEVICE BlkCoord with_head(BlkCoord const& c, int h) {
+  BlkCoord out = c;
+  get<2, 1>(out) = h;
+  return out;
 }
 
 // Deterministic dQ: the contributions to one dQ tile are added in the order of the query block's own list of key
@@ -102,9 +119,10 @@ CUTLASS_DEVICE void apply_mask(AccS& acc_s, CoordS const& tScS, int k0, int q0, 
   }
 }
 
-// Key tiles heaviest first across a group of (batch, head)s whose Q/dO fit in half of L2, group after group: the
-// transposed schedule is heaviest first within a head; ranks across the heads of a group interleave, so the longest
-// columns start first everywhere (longest-processing-time-first on a one-CTA-per-tile grid).
+// Key tiles heaviest first across a group of (batch, K/V head)s whose Q/dO fit in half of L2, group after group:
+// the transposed schedule is heaviest first within a head; ranks across the heads of a group interleave, so the
+// longest columns start first everywhere (longest-processing-time-first on a one-CTA-per-tile grid). Under GQA a
+// (batch, K/V head)'s column lists the blocks of all its query heads.
 struct BwdTileScheduler {
   struct Params {
     int num_tiles;

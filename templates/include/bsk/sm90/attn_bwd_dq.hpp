@@ -44,23 +44,34 @@ CUTLASS_DEVICE void reduce_dq(BlkCoord const& blk_coord, typename Mainloop::Para
   TColumn col = column_of(blk_coord, params.lay);
   int n_inner = col.count * kTilesPerBlockM;
 
+  // blk_coord's head is a K/V head; the tiles of its group's query heads (hq0 + r) come in r order.
+  int b = get<2, 0>(blk_coord);
+  int hq0 = get<2, 1>(blk_coord) * params.lay.group;
   Tensor mDQ = params.tma_red_dq.get_tma_tensor(select<2, 4, 0, 1>(problem_size));  // (Sq, D, B, H)
   Tensor gDQ_full = local_tile(mDQ, TileShapeMD{}, make_coord(_, _, _), Step<_1, _1, Underscore>{});
-  Tensor gDQ = gDQ_full(_, _, _, _0{}, get<2, 0>(blk_coord), get<2, 1>(blk_coord));
   Tensor sDQ = make_tensor(make_smem_ptr(storage.smem_dq.data()), SmemLayoutDQ{});
   auto block_tma = params.tma_red_dq.get_slice(_0{});
   Tensor tDQsDQ = block_tma.partition_S(sDQ);
-  Tensor tDQgDQ = block_tma.partition_D(gDQ);
-
+  auto dq_of = [&](int h) { return block_tma.partition_D(gDQ_full(_, _, _, _0{}, b, h)); };
+  auto tDQgDQ = dq_of(hq0);
+  int cur_r = 0;
   BsrRowCursor cursor{col.q_idx, col.kind, col.count, col.first};  // the forward's cursor, over a column
+  auto next_tile = [&](int i) {  // this step's 64-query tile, with tDQgDQ on its head
+    int entry, kind, r, qb;
+    cursor.at(i / kTilesPerBlockM, entry, kind);
+    split_entry(entry, params.lay, r, qb);
+    if (r != cur_r) {
+      cur_r = r;
+      tDQgDQ = dq_of(hq0 + r);
+    }
+    return qb * kTilesPerBlockM + i % kTilesPerBlockM;
+  };
+
   if constexpr (Mainloop::kDeterministic) {
-    int* sem_bh = params.lay.sem + (size_t(get<2, 0>(blk_coord)) * get<1>(problem_size) + get<2, 1>(blk_coord)) *
-                                       params.lay.n_qtiles;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int i = 0; i < n_inner; ++i) {
-      int qb, kind;
-      cursor.at(i / kTilesPerBlockM, qb, kind);
-      int q_tile = qb * kTilesPerBlockM + i % kTilesPerBlockM;
+      int q_tile = next_tile(i);
+      int* sem_bh = params.lay.sem + (size_t(b) * get<1>(problem_size) + hq0 + cur_r) * params.lay.n_qtiles;
       // A key block of BlockN keys is BlockN / 128 CTAs: they take consecutive turns.
       int rank = __ldg(col.rank + i / kTilesPerBlockM) * kTilesPerBlockN +
                  int(get<1>(blk_coord)) % kTilesPerBlockN;
@@ -82,9 +93,7 @@ CUTLASS_DEVICE void reduce_dq(BlkCoord const& blk_coord, typename Mainloop::Para
   StateReducer release = smem_pipe_read_reducer;
   CUTLASS_PRAGMA_NO_UNROLL
   for (int i = 0; i < n_inner; ++i) {
-    int qb, kind;
-    cursor.at(i / kTilesPerBlockM, qb, kind);
-    int q_tile = qb * kTilesPerBlockM + i % kTilesPerBlockM;
+    int q_tile = next_tile(i);
     pipeline_reducer.consumer_wait(smem_pipe_read_reducer);
     if (lane_predicate) {
       copy(params.tma_red_dq, tDQsDQ(_, _, _, smem_pipe_read_reducer.index()), tDQgDQ(_, _, _, q_tile));

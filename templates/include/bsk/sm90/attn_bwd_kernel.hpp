@@ -62,7 +62,7 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   if (a.head_dim != Traits::kHeadDim) return kErrBadHeadDim;
   if (a.batch <= 0 || a.heads <= 0 || a.heads_kv <= 0 || a.heads % a.heads_kv != 0 || a.seq_q <= 0 ||
       a.seq_k <= 0 || a.n_kblocks <= 0 || (long long)a.n_kblocks * Traits::kBlockN < a.seq_k ||
-      (a.layout_heads != 1 && a.layout_heads != a.heads) || a.head_group < 0 ||
+      (a.layout_heads != 1 && a.layout_heads != a.heads_kv) || a.head_group < 0 ||
       (Traits::kDeterministic && (a.t_rank == nullptr || a.dq_sem == nullptr)))
     return kErrBadShape;
   long long strides[] = {a.q_stride_b,  a.q_stride_h,  a.q_stride_s,  a.k_stride_b,   a.k_stride_h,
@@ -82,8 +82,9 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
     return StrideQKV{int(ss), _1{}, make_tuple(int(sb), int(sh))};
   };
   int n_qtiles = (a.seq_q + Mainloop::kTileQ - 1) / Mainloop::kTileQ;
+  int nq_head = (a.seq_q + Traits::kBlockM - 1) / Traits::kBlockM;
   TLayoutParams lay{a.t_q_idx, a.t_kind, a.layout_heads, a.col_stride, a.heads_kv, a.heads / a.heads_kv,
-                    a.window_left, a.window_right,
+                    nq_head, a.window_left, a.window_right,
                     Traits::kDeterministic ? a.t_rank : nullptr, Traits::kDeterministic ? a.dq_sem : nullptr,
                     n_qtiles};
   typename Mainloop::Arguments margs{
@@ -94,7 +95,8 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
       a.lse2, a.delta, make_tuple(int(a.ws_stride_b), int(a.ws_stride_h)),
       a.dq_acc, qkv(dq_acc_b, (long long)a.seq_q * a.head_dim, a.head_dim),
       a.scale, lay};
-  // dK/dV per query head (B, H, Sk, D): the caller sums the heads of a K/V head for GQA.
+  // dK/dV per K/V head (B, Hkv, Sk, D): one CTA sums a key tile's over the query heads of its group.
+  ProblemShape ps_kv{a.batch, a.heads_kv, a.seq_q, a.seq_k, a.head_dim};
   typename Epilogue::Arguments eargs{
       static_cast<Element*>(a.dk), make_tuple(int(a.dk_stride_b), int(a.dk_stride_h), int(a.dk_stride_s), _1{}),
       static_cast<Element*>(a.dv), make_tuple(int(a.dv_stride_b), int(a.dv_stride_h), int(a.dv_stride_s), _1{})};
@@ -118,19 +120,19 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   int l2 = 0;
   err = device_l2_bytes(device, l2);
   if (err != cudaSuccess) return int(err);
-  // Tile order: groups of (batch, head)s, heaviest key block first within a group (ascending when
-  // deterministic). The caller may fix the group size (head_group > 0, a divisor of batch * heads, else the
-  // largest divisor below it); 0 = the (batch, head)s whose Q and dO (read for every key block) fit in half of L2.
-  // The deterministic kernel waits only on co-resident CTAs of the same (batch, head): fewer of them with larger
-  // groups (dev/bwd_det_sim.py models it).
-  long long qdo_bytes = 2LL * a.seq_q * a.head_dim * (long long)sizeof(Element);
-  int bh = a.batch * a.heads;
+  // Tile order: groups of (batch, K/V head)s, heaviest key block first within a group (ascending when
+  // deterministic). The caller may fix the group size (head_group > 0, a divisor of batch * heads_kv, else the
+  // largest divisor below it); 0 = the (batch, K/V head)s whose Q and dO (read for every key block, all query
+  // heads of the K/V head) fit in half of L2. The deterministic kernel waits only on co-resident CTAs of the same
+  // (batch, K/V head): fewer of them with larger groups (dev/bwd_det_sim.py models it).
+  long long qdo_bytes = 2LL * (a.heads / a.heads_kv) * a.seq_q * a.head_dim * (long long)sizeof(Element);
+  int bh = a.batch * a.heads_kv;
   int group = a.head_group > 0 ? head_group(bh, 1, std::min(a.head_group, bh) * 2LL)
                                : head_group(bh, qdo_bytes, l2);
 
   typename Named::Params params{
-      ps, Mainloop::to_underlying_arguments(ps, margs, nullptr), Epilogue::to_underlying_arguments(ps, eargs),
-      BwdTileScheduler::make(a.batch, a.heads, a.n_kblocks, Traits::kTilesPerCol, a.layout_heads,
+      ps, Mainloop::to_underlying_arguments(ps, margs, nullptr), Epilogue::to_underlying_arguments(ps_kv, eargs),
+      BwdTileScheduler::make(a.batch, a.heads_kv, a.n_kblocks, Traits::kTilesPerCol, a.layout_heads,
                              reinterpret_cast<const int4*>(a.t_sched), group)};
 
   int smem = int(Named::SharedStorageSize);

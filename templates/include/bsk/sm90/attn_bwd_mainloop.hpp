@@ -8,7 +8,8 @@
 //     three roles (loader, MMA warpgroups, reducer), through one cursor each;
 //   * P = exp2(S * scale * log2(e) - LSE2) with LSE2 = LSE * log2(e) precomputed per row (+inf for rows with no
 //     visible key, so P = 0 there, never NaN), element masks only on blocks whose kind asks for it;
-//   * K/V descriptors over the K/V heads (GQA; dK/dV come out per query head and are summed by the caller);
+//   * GQA in the CTA: a key tile of a K/V head walks the listed query blocks of every query head that shares it
+//     (the stacked column, split_entry), so dK/dV sum over the group in registers and come out per K/V head;
 //   * the caller's softmax scale (example 88 hard-codes 1/sqrt(D));
 //   * shared-memory hazards closed: a Q/dO stage is released only after the GEMMs that read it completed, a dQ
 //     buffer only after its TMA reduce has read it, the epilogue (which overlays the mainloop's buffers) starts
@@ -133,12 +134,6 @@ struct BwdMainloop
     return p;
   }
 
-  // K/V live in heads_kv heads: address them as (b, h / group) of a (B, Hkv) problem.
-  template <class BlkCoord>
-  CUTLASS_DEVICE static auto kv_coord(BlkCoord const& c, Params const& p) {
-    return make_coord(get<0>(c), get<1>(c), make_coord(get<2, 0>(c), get<2, 1>(c) / p.lay.group));
-  }
-
   // Producer warp: K and V of this CTA's two 64-key tiles, then (Q + LSE2, dO + delta) of every 64-query tile of
   // the listed query blocks, in the order example 88 interleaves them (K0 Q0 V0 K1 dO0 V1 Q1 dO1 ...).
   template <bool kLoadOuter, class BlkCoord, class LoadWarpBarrier>
@@ -152,36 +147,48 @@ struct BwdMainloop
     TColumn col = column_of(blk_coord, params.lay);
     int n_inner = col.count * kTilesPerBlockM;
 
-    auto kv_c = kv_coord(blk_coord, params);
+    // blk_coord's head is a K/V head; the group's query heads start at hq0 (one state per head in turn).
     auto kv_problem = make_shape(get<0>(problem_size), params.lay.heads_kv, get<2>(problem_size),
                                  get<3>(problem_size), get<4>(problem_size));
+    int hq0 = get<2, 1>(blk_coord) * params.lay.group;
+    auto q_c = with_head(blk_coord, hq0);
 
     LoadQ load_q{params.tma_load_q, pipeline_inner, storage.smem_q};
-    auto st_q = load_q.init_state(block_rank_in_cluster, problem_size, TileShapeNM{}, blk_coord, n_inner);
+    auto st_q = load_q.init_state(block_rank_in_cluster, problem_size, TileShapeNM{}, q_c, n_inner);
     LoadDO load_do{params.tma_load_do, pipeline_inner, storage.smem_do};
-    auto st_do = load_do.init_state(block_rank_in_cluster, problem_size, TileShapeNM{}, blk_coord, n_inner);
+    auto st_do = load_do.init_state(block_rank_in_cluster, problem_size, TileShapeNM{}, q_c, n_inner);
     LoadLSE load_lse{params.tma_load_lse, pipeline_inner, storage.smem_lse};
-    auto st_lse = load_lse.init_state(_0{}, problem_size, TileShapeNM{}, blk_coord, 1);
+    auto st_lse = load_lse.init_state(_0{}, problem_size, TileShapeNM{}, q_c, 1);
     LoadODO load_odo{params.tma_load_odo, pipeline_inner, storage.smem_sumOdO};
-    auto st_odo = load_odo.init_state(_0{}, problem_size, TileShapeNM{}, blk_coord, 1);
+    auto st_odo = load_odo.init_state(_0{}, problem_size, TileShapeNM{}, q_c, 1);
 
     int outer_count = NumMmaWarpGroups;
     auto outer_iter = cute::make_coord_iterator(outer_count);
     LoadK load_k{params.tma_load_k, pipeline_outer, storage.smem_k};
-    auto st_k = load_k.init_state(_0{}, kv_problem, TileShapeNM{}, kv_c, outer_count);
+    auto st_k = load_k.init_state(_0{}, kv_problem, TileShapeNM{}, blk_coord, outer_count);
     LoadV load_v{params.tma_load_v, pipeline_outer, storage.smem_v};
-    auto st_v = load_v.init_state(_0{}, kv_problem, TileShapeNM{}, kv_c, outer_count);
+    auto st_v = load_v.init_state(_0{}, kv_problem, TileShapeNM{}, blk_coord, outer_count);
     outer_count *= 2;  // K and V
 
     BsrRowCursor cursor{col.q_idx, col.kind, col.count, col.first};  // the forward's cursor, over a column
     int inner_count = 4 * n_inner;  // Q, LSE2, dO, delta per tile (each step counts one)
     int q_tile = 0;
+    int cur_r = 0;
     auto it = &q_tile;  // a one-element iterator that is never advanced: step() reads *it
     auto load_inner = [&](int i, bool with_q, bool with_do) {
       if (i >= n_inner) return;
       if (with_q) {
-        int qb, kind;
-        cursor.at(i / kTilesPerBlockM, qb, kind);
+        int entry, kind, r, qb;
+        cursor.at(i / kTilesPerBlockM, entry, kind);
+        split_entry(entry, params.lay, r, qb);
+        if (r != cur_r) {  // the next query head of the group
+          cur_r = r;
+          q_c = with_head(blk_coord, hq0 + r);
+          st_q = load_q.init_state(block_rank_in_cluster, problem_size, TileShapeNM{}, q_c, n_inner);
+          st_do = load_do.init_state(block_rank_in_cluster, problem_size, TileShapeNM{}, q_c, n_inner);
+          st_lse = load_lse.init_state(_0{}, problem_size, TileShapeNM{}, q_c, 1);
+          st_odo = load_odo.init_state(_0{}, problem_size, TileShapeNM{}, q_c, 1);
+        }
         q_tile = qb * kTilesPerBlockM + i % kTilesPerBlockM;
         load_q.template step<false, false, true>(it, st_q, smem_pipe_write_inner, lane_predicate, inner_count);
         load_lse.template step<false, true, false>(it, st_lse, smem_pipe_write_inner, lane_predicate, inner_count);
@@ -293,8 +300,9 @@ struct BwdMainloop
 
     CUTLASS_PRAGMA_NO_UNROLL
     for (int i = 0; i < n_inner; ++i) {
-      int qb, kind;
-      cursor.at(i / kTilesPerBlockM, qb, kind);
+      int entry, kind, r, qb;
+      cursor.at(i / kTilesPerBlockM, entry, kind);
+      split_entry(entry, params.lay, r, qb);
       int q0 = (qb * kTilesPerBlockM + i % kTilesPerBlockM) * kTileQ;
 
       pipeline_inner.consumer_wait(smem_pipe_read_inner);

@@ -265,29 +265,20 @@ def test_eager_autograd_and_the_op_path_agree_bitwise(pattern):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("fast_group", [3, 1 << 20])
-def test_head_group_of_the_tile_order(fast_group, monkeypatch):
-    """The tile order's head group changes which CTAs run side by side, never the result: the deterministic kernel
-    gives the same bits at every group (its dQ order is fixed by the layout), the fast one stays accurate (a group
-    that does not divide B * H takes the largest divisor below it)."""
+@pytest.mark.parametrize("group", [3, 1 << 20])
+def test_head_group_of_the_tile_order(group, monkeypatch):
+    """The tile-order head group changes which CTAs run side by side, never the accuracy (a group that does not
+    divide B * Hkv takes the largest divisor below it), in both modes; the deterministic kernel's turns follow the
+    group (det_ranks), and each setting gives the same bits run to run."""
     B, H, Hkv, Sq, Sk, D = 2, 4, 2, 1777, 2000, 128
     layout = _layouts(Sq, Sk, H)["topk_per_head"][0].to("cuda")
     q, k, v, do, glse = _inputs(B, H, Hkv, Sq, Sk, D, torch.float16)
-    monkeypatch.setattr(ab, "HEAD_GROUP", fast_group)
+    monkeypatch.setattr(ab, "HEAD_GROUP", group)
     _check_grads(q, k, v, do, glse, layout, False)
-    grads = []
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        for group in (0, 1, fast_group):
-            monkeypatch.setattr(ab, "HEAD_GROUP_DET", group)
-            qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
-            bsk.sparse_attention(qg, kg, vg, layout).backward(do)
-            grads.append((qg.grad, kg.grad, vg.grad))
-    finally:
-        torch.use_deterministic_algorithms(False)
-    for other in grads[1:]:
-        for name, a, b in zip(("dq", "dk", "dv"), grads[0], other):
-            assert torch.equal(a, b), f"{name} differs between head groups"
+    _, first = _check_grads(q, k, v, do, glse, layout, False, deterministic=True)
+    _, again = _check_grads(q, k, v, do, glse, layout, False, deterministic=True)
+    for name, a, b in zip(("dq", "dk", "dv"), first, again):
+        assert torch.equal(a, b), f"{name} differs between deterministic runs at head group {group}"
 
 
 def test_torch_compile_fullgraph_forward_and_backward():

@@ -13,7 +13,7 @@ Effective TFLOPS count the listed blocks only (ANCHORS.md): backward 2.5 x, forw
 medians (triton do_bench, L2 flushed). Also measured: the deterministic mode's cost, the extra device memory of one
 backward call (``torch.cuda.max_memory_allocated`` over the inputs, O, LSE and dO, minus the dQ/dK/dV outputs),
 where the time goes (torch profiler, per kernel), the same call replayed from a CUDA graph (no host overhead), and
-the tile order's head group (``attention_bwd.HEAD_GROUP``/``HEAD_GROUP_DET``). Writes ``bwd_bench.json`` and
+the fast kernel's tile-order head group (``attention_bwd.HEAD_GROUP``). Writes ``bwd_bench.json`` and
 ``bwd_bench.md`` to --out.
 """
 from __future__ import annotations
@@ -217,12 +217,6 @@ def run_case(c: dict[str, Any], rows: list[dict[str, Any]], notes: dict[str, Any
         dcall = BwdCall(layout, B, H, S, D, dt, det=True)
         t_det = _time(dcall)
         add("bsk bwd det", t_det, dcall.flops, det_cost=t_det / t_ours - 1)
-        if c.get("extras") and head_groups:
-            for g in (2, 8):
-                ab.HEAD_GROUP_DET = g
-                t = _time(dcall)
-                add(f"bsk bwd det group{g}", t, dcall.flops, det_cost=t / t_ours - 1)
-            ab.HEAD_GROUP_DET = 0
         del dcall
     del call
     if c.get("flex"):

@@ -37,7 +37,7 @@ class AttnBwdConfig(KernelConfig):
     block_n: int = 128
     arch: Arch = Arch.SM90A
     # dQ contributions added in one fixed order (bitwise-identical gradients run to run); else unordered fp32
-    # TMA reduce-adds. The deterministic kernel needs the transposed schedule in ascending key-block order.
+    # TMA reduce-adds. The deterministic kernel adds them in the turns of attention_bwd.det_ranks.
     deterministic: bool = False
 
     family: ClassVar[str] = "attn_bwd"

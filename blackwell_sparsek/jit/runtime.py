@@ -212,6 +212,7 @@ class DeviceInfo:
     compute_capability: tuple[int, int]
     sm_count: int
     smem_optin: int  # max dynamic shared memory per block a kernel may opt into, bytes
+    l2_bytes: int = 50 << 20
 
 
 def _check(result: Any, what: str) -> Any:
@@ -223,7 +224,8 @@ def _check(result: Any, what: str) -> Any:
 
 @lru_cache(maxsize=None)
 def device_info(index: int = 0) -> DeviceInfo:
-    """Name, compute capability, SM count and opt-in shared memory of CUDA device ``index`` (driver API)."""
+    """Name, compute capability, SM count, opt-in shared memory and L2 size of CUDA device ``index`` (driver
+    API)."""
     try:
         from cuda.bindings import driver as cu
     except Exception as e:
@@ -251,6 +253,7 @@ def device_info(index: int = 0) -> DeviceInfo:
                             attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
         sm_count=attr(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
         smem_optin=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+        l2_bytes=attr(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
     )
 
 

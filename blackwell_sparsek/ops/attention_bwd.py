@@ -56,18 +56,20 @@ def _slot_rows(col_idx: torch.Tensor, row_sched: torch.Tensor
 
 
 def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: torch.Tensor, n_kblocks: int,
-                    seq_q: int, block_m: int, ascending: bool = False, group: int = 1
+                    seq_q: int, block_m: int, deterministic: bool = False, group: int = 1, block_n: int = 128,
+                    sms: int = 132, interleave: int = 1
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The layout's transpose as the backward kernel reads it: (t_q_idx int32 [Hl, W], t_kind uint8 [Hl, W],
     t_sched int32 [Hl, nk, 4], t_rank int32 [Hl, W]). Row j of the transpose (key block j) lists, ascending, the
     query blocks whose row lists j; kinds are carried over, with BOUNDS added on the last query block when
     seq_q % block_m (its rows past seq_q): BlockSparseLayout.transpose()'s col_idx, block_kind and row_schedule()
     plus the forward's key-end BOUNDS bits (the kernel masks keys past seq_k as well; unmasked, S = 0 there and
-    P = 2^-LSE2 overflows once LSE < -88). t_rank is each entry's position in its query block's own list. t_sched has
-    the forward's packing: (key block, start, end, first query block | kind << 24), heaviest key blocks first
-    (stable), or in key-block order with ``ascending`` (the deterministic kernel's order: a key block's CTAs start
-    after those of every key block before it). W = col_idx's width (each head's nnz fits). Device ops only, no host
-    sync.
+    P = 2^-LSE2 overflows once LSE < -88). t_sched has the forward's packing: (key block, start, end, first query
+    block | kind << 24), heaviest key blocks first (stable). t_rank: each entry's turn among the contributions to
+    its query block's dQ, the order in which the deterministic kernel adds them (det_ranks(), for ``sms`` SMs and
+    tile-order groups of ``interleave`` heads; without ``deterministic``, the entry's position in its query
+    block's own list). W = col_idx's width (each head's nnz
+    fits). Device ops only, no host sync.
 
     ``group`` > 1 (GQA: query heads per K/V head) stacks the rows of each group's heads into one layout per K/V
     head (query block qb of the group's r-th head becomes qb + r * nq): the kernel walks, per key block, every
@@ -111,10 +113,9 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     tcol = torch.where(svalid, torch.div(skey, nq, rounding_mode="floor"), torch.full_like(skey, nk)).contiguous()
     tptr = torch.searchsorted(tcol, torch.arange(nk + 1, device=dev).expand(hl, nk + 1).contiguous())
     tcounts = tptr[:, 1:] - tptr[:, :-1]
-    if ascending:
-        korder = torch.arange(nk, device=dev).expand(hl, nk)
-    else:
-        korder = torch.sort(tcounts, dim=1, descending=True, stable=True).indices
+    korder = torch.sort(tcounts, dim=1, descending=True, stable=True).indices
+    if deterministic:
+        t_rank = det_ranks(t_q, tcol, tptr, korder, block_m // 64, block_n // 128, sms, interleave).to(torch.int32)
     start = torch.gather(tptr[:, :-1], 1, korder)
     end = torch.gather(tptr[:, 1:], 1, korder)
     packed = t_q_idx.long() | (kind.long() << 24)
@@ -123,20 +124,75 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     return t_q_idx.contiguous(), kind.contiguous(), t_sched, t_rank.contiguous()
 
 
+def det_ranks(t_q: torch.Tensor, tcol: torch.Tensor, tptr: torch.Tensor, korder: torch.Tensor, tiles_m: int,
+              tiles_n: int, sms: int, interleave: int = 1, wave_ctas: int = 0) -> torch.Tensor:
+    """The deterministic kernel's order of the dQ contributions to each query block: per entry of the transposed
+    view (query block t_q, key block tcol, nk past the listed ones; tptr: each key block's [start, end); korder: the
+    schedule), its turn among the entries of its query block.
+
+    Turns follow the contributions' estimated arrival, so that CTAs rarely wait on each other. The launch order is
+    the tile order's: groups of ``interleave`` (batch, head)s, one after the other; in a group, key blocks in
+    schedule order, the group's heads interleaved, tiles_n CTAs per key block. A key block's CTA starts once the
+    SMs have run the tiles launched before it in its group (estimated as interleave x its own head's, / sms), then
+    reaches its p-th query block p * tiles_m 64-query tiles later; ties go to the lower key block. Arrival is ranked
+    inside waves of at most sms // 2 consecutive CTAs of a group (wave first): a CTA waits only on CTAs of its own
+    or an earlier wave of its group, and inside a wave on an earlier (estimate, key block) of another CTA, so the
+    waits form no cycle, and a wave fits on the GPU at once, so no CTA waits on one that cannot start (half the SMs
+    free for the kernel suffice). Heads that share a layout get the same turns. ``wave_ctas``: another wave size
+    (measurements; the deadlock argument needs that many CTAs resident)."""
+    wave_ctas = wave_ctas or max(1, sms // 2)
+    if tiles_n * interleave > wave_ctas:
+        raise ValueError(f"a wave of {wave_ctas} CTAs cannot hold one key block of {interleave} heads "
+                         f"({tiles_n} CTAs each): use a smaller tile-order group")
+    hl, w = t_q.shape
+    nk = korder.shape[1]
+    dev = t_q.device
+    valid = tcol < nk
+    counts = tptr[:, 1:] - tptr[:, :-1]
+    pos = torch.empty_like(korder)
+    pos.scatter_(1, korder, torch.arange(nk, device=dev).expand(hl, nk).contiguous())  # schedule position per block
+    tiles = torch.gather(counts, 1, korder) * tiles_m * tiles_n  # CTA tiles per key block, schedule order
+    before = torch.gather(torch.cumsum(tiles, 1) - tiles, 1, pos) * interleave  # tiles launched before, estimated
+    wave = pos // (wave_ctas // (tiles_n * interleave))
+    col = tcol.clamp(max=nk - 1)
+    p = torch.arange(w, device=dev).expand(hl, w) - torch.gather(tptr[:, :-1], 1, col)
+    arrival = torch.gather(before, 1, col) + p * tiles_m * sms  # sms x the estimate, exact in integers
+    return turns(t_q, valid, (arrival, torch.gather(wave, 1, col)))
+
+
+def turns(t_q: torch.Tensor, valid: torch.Tensor, keys: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Each valid entry's position among the entries of its query block t_q, ordered by ``keys`` (least significant
+    first; entries are in key-block order, which breaks the remaining ties)."""
+    hl, w = t_q.shape
+    dev = t_q.device
+    q_key = torch.where(valid, t_q.long(), torch.full_like(t_q, 1 << 40, dtype=torch.long))
+    perm = torch.arange(w, device=dev).expand(hl, w)
+    for key in (*keys, q_key):  # stable sorts, the least significant key first
+        perm = torch.gather(perm, 1, torch.sort(torch.gather(key, 1, perm), dim=1, stable=True).indices)
+    q_sorted = torch.gather(q_key, 1, perm).contiguous()
+    turn = torch.arange(w, device=dev).expand(hl, w) - torch.searchsorted(q_sorted, q_sorted)
+    rank = torch.zeros(hl, w, dtype=torch.long, device=dev)
+    rank.scatter_(1, perm, turn)
+    return torch.where(valid, rank, torch.zeros_like(rank))
+
+
 _TCACHE: dict[int, tuple] = {}
 _TCACHE_MAX = 64
 
 
-def _transposed_cached(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, ascending=False, group=1):
+def _transposed_cached(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, deterministic=False, group=1,
+                       block_n=128, sms=132, interleave=1):
     """transposed_view(), cached by the identity (and version) of the three layout tensors."""
-    facts = (int(n_kblocks), int(seq_q), int(block_m), col_idx._version, block_kind._version, row_sched._version)
-    key = (id(col_idx), bool(ascending), int(group))
+    facts = (int(n_kblocks), int(seq_q), int(block_m), int(block_n), int(sms), int(interleave), col_idx._version,
+             block_kind._version, row_sched._version)
+    key = (id(col_idx), bool(deterministic), int(group))
     hit = _TCACHE.get(key)
     if hit is not None:
         refs, got_facts, view = hit
         if all(r() is t for r, t in zip(refs, (col_idx, block_kind, row_sched))) and got_facts == facts:
             return view
-    view = transposed_view(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, ascending, group)
+    view = transposed_view(col_idx, block_kind, row_sched, n_kblocks, seq_q, block_m, deterministic, group,
+                           block_n, sms, interleave)
     if len(_TCACHE) >= _TCACHE_MAX:
         _TCACHE.pop(next(iter(_TCACHE)))
     _TCACHE[key] = (tuple(weakref.ref(t) for t in (col_idx, block_kind, row_sched)), facts, view)
@@ -175,11 +231,20 @@ def _poison() -> bool:
 
 # -- the op --------------------------------------------------------------------------------------------------
 
-# (batch, head)s per group of the kernel's tile order (the launcher's head_group; 0 = those whose Q and dO fit
-# in half of L2). The deterministic kernel waits on co-resident CTAs of its own (batch, head) only: larger groups
-# put fewer of them side by side (dev/bwd_det_sim.py). Module settings so a benchmark can compare values.
+# (batch, K/V head)s per group of the kernel's tile order: 0 = tile_group's choice; else the largest divisor of
+# B * Hkv up to it. A module setting so a benchmark can compare values.
 HEAD_GROUP = 0
-HEAD_GROUP_DET = 0
+
+
+def tile_group(bh: int, qdo_bytes: int, l2_bytes: int, want: int = 0) -> int:
+    """(batch, K/V head)s per group of the backward's tile order (the launcher takes it as given): ``want`` > 0,
+    else those whose Q and dO (read for every key block; all query heads of a K/V head: ``qdo_bytes``) fit in half
+    of L2 (the forward's launcher applies the same rule to K/V); the largest divisor of ``bh`` up to that."""
+    g = want if want > 0 else (l2_bytes // 2) // max(1, qdo_bytes)
+    g = max(1, min(bh, g))
+    while bh % g:
+        g -= 1
+    return g
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
@@ -216,14 +281,18 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
     lse = lse.contiguous()
     glse = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
     det = cfg.deterministic
-    # GQA: the view stacks the query heads of each K/V head, so one CTA per key tile of a K/V head sums dK/dV over
-    # its whole group in registers (dK/dV come out per K/V head; no per-query-head buffer, no second pass).
-    t_q_idx, t_kind, t_sched, t_rank = _transposed_cached(col_idx, block_kind, row_sched, meta[2], Sq, cfg.block_m,
-                                                          ascending=det, group=H // Hkv)
     kernel = _kernel_for(config_json)
     dev = q.device.index
     from . import dispatch
     dispatch.check_device(config_json, dev)  # arch and shared memory, once per (config, device)
+    facts = dispatch.device_facts(dev)
+    group = tile_group(B * Hkv, 2 * H * Sq * D * q.element_size() // Hkv, facts.l2_bytes, HEAD_GROUP)
+    if det:  # a wave of det_ranks holds one key block of every head in the group
+        group = tile_group(B * Hkv, 1, 0, min(group, max(1, facts.sm_count // 2 // (cfg.block_n // 128))))
+    # GQA: the view stacks the query heads of each K/V head, so one CTA per key tile of a K/V head sums dK/dV over
+    # its whole group in registers (dK/dV come out per K/V head; no per-query-head buffer, no second pass).
+    t_q_idx, t_kind, t_sched, t_rank = _transposed_cached(col_idx, block_kind, row_sched, meta[2], Sq, cfg.block_m,
+                                                          det, H // Hkv, cfg.block_n, facts.sm_count, group)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     work = _Workspace(B, H, Sq, D, det, q.device)
     if _poison():
@@ -233,7 +302,7 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
                                  dq_acc=work.dq_acc, dq=dq, dk=dk, dv=dv, t_q_idx=t_q_idx, t_kind=t_kind,
                                  t_sched=t_sched, t_rank=t_rank if det else None, dq_sem=work.dq_sem,
                                  window_left=meta[0], window_right=meta[1], scale=scale,
-                                 head_group=HEAD_GROUP_DET if det else HEAD_GROUP)
+                                 head_group=group)
     kernel.launch_on(kernel.Args(**fields), dev)  # torch's current stream on q's device
     return dq, dk, dv
 

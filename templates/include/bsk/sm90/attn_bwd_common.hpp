@@ -38,7 +38,7 @@ struct TLayoutParams {
   int window_left;         // element rule, -1 = unbounded
   int window_right;
   // Deterministic mode only (else null / 0):
-  const int* rank;         // same shape as q_idx: this key block's position in the query block's own list
+  const int* rank;         // same shape as q_idx: this entry's turn among the query block's contributions
   int* sem;                // [B][H][n_qtiles]: contributions added so far to each 64-query dQ tile (zeroed)
   int n_qtiles;            // ceil(seq_q / 64)
 };
@@ -79,8 +79,9 @@ CUTLASS_DEVICE BlkCoord with_head(BlkCoord const& c, int h) {
   return out;
 }
 
-// Deterministic dQ: the contributions to one dQ tile are added in the order of the query block's own list of key
-// blocks (ascending key block). A contributor waits until the tile's counter equals its rank, adds, waits until its
+// Deterministic dQ: the contributions to one dQ tile are added in one fixed order, the turns the layout gives them
+// (rank: estimated arrival inside waves of CTAs, attention_bwd.det_ranks). A contributor waits until the tile's
+// counter equals its rank, adds, waits until its
 // TMA reduce has completed (writes, not only the shared-memory read), and bumps the counter with release
 // semantics. Proxy fences order the generic-proxy counter against the async-proxy (TMA) global accesses.
 CUTLASS_DEVICE void wait_turn(int const* sem, int rank) {

@@ -62,7 +62,8 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   if (a.head_dim != Traits::kHeadDim) return kErrBadHeadDim;
   if (a.batch <= 0 || a.heads <= 0 || a.heads_kv <= 0 || a.heads % a.heads_kv != 0 || a.seq_q <= 0 ||
       a.seq_k <= 0 || a.n_kblocks <= 0 || (long long)a.n_kblocks * Traits::kBlockN < a.seq_k ||
-      (a.layout_heads != 1 && a.layout_heads != a.heads_kv) || a.head_group < 0 ||
+      (a.layout_heads != 1 && a.layout_heads != a.heads_kv) || a.head_group < 1 ||
+      (a.batch * a.heads_kv) % a.head_group != 0 ||
       (Traits::kDeterministic && (a.t_rank == nullptr || a.dq_sem == nullptr)))
     return kErrBadShape;
   long long strides[] = {a.q_stride_b,  a.q_stride_h,  a.q_stride_s,  a.k_stride_b,   a.k_stride_h,
@@ -117,18 +118,10 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   int device = 0;
   err = cudaGetDevice(&device);
   if (err != cudaSuccess) return int(err);
-  int l2 = 0;
-  err = device_l2_bytes(device, l2);
-  if (err != cudaSuccess) return int(err);
-  // Tile order: groups of (batch, K/V head)s, heaviest key block first within a group (ascending when
-  // deterministic). The caller may fix the group size (head_group > 0, a divisor of batch * heads_kv, else the
-  // largest divisor below it); 0 = the (batch, K/V head)s whose Q and dO (read for every key block, all query
-  // heads of the K/V head) fit in half of L2. The deterministic kernel waits only on co-resident CTAs of the same
-  // (batch, K/V head): fewer of them with larger groups (dev/bwd_det_sim.py models it).
-  long long qdo_bytes = 2LL * (a.heads / a.heads_kv) * a.seq_q * a.head_dim * (long long)sizeof(Element);
-  int bh = a.batch * a.heads_kv;
-  int group = a.head_group > 0 ? head_group(bh, 1, std::min(a.head_group, bh) * 2LL)
-                               : head_group(bh, qdo_bytes, l2);
+  // Tile order: groups of head_group (batch, K/V head)s (the caller's choice, attention_bwd.tile_group: those
+  // whose Q and dO fit in half of L2), key blocks in schedule order, the group's heads interleaved. The
+  // deterministic kernel's turns (t_rank, attention_bwd.det_ranks) were computed for this order.
+  int group = a.head_group;
 
   typename Named::Params params{
       ps, Mainloop::to_underlying_arguments(ps, margs, nullptr), Epilogue::to_underlying_arguments(ps_kv, eargs),

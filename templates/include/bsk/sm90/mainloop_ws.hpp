@@ -58,6 +58,10 @@ struct BsrMainloop : BsrWsBase<Element, HeadDim, TileM, TileN, Stages, QStages, 
   static_assert(TileM == 64 * NumMmaWarpGroups, "one 64-row WGMMA tile per MMA warpgroup");
   static_assert(BlockM % TileM == 0 && BlockN % TileN == 0, "layout blocks are whole kernel tiles");
   static constexpr int kTilesPerBlockN = BlockN / TileN;
+  // compute(): the dual schedule's QK GEMM takes Q from registers at head_dim 64 (H200, blocks64 bench, same-run
+  // A/B: D=64 64x64 blocks 376-377 vs 354-355 effective TFLOPS; at 128 it measured 2-5 % slower, so Q stays in
+  // shared memory there).
+  static constexpr bool kQInRegs = Dual && HeadDim == 64;
   // Softmax step (softmax_rescale_step): kSpec where its second P fragment fits the registers (head_dim <= 128;
   // at 256 ptxas spills), kLazy above that. kSoftmaxTurns (compute(): the MMA warpgroups take turns at the
   // softmax step) at head_dim 64, where the exp2 stream is as long as the tile's GEMMs: without the turns the two
@@ -159,6 +163,24 @@ struct BsrMainloop : BsrWsBase<Element, HeadDim, TileM, TileN, Stages, QStages, 
 
     pipeline_q.consumer_wait(smem_pipe_read_q);
     auto sQ_stage = tSrQ(_, _, _, smem_pipe_read_q.index());
+    // kQInRegs: Q in registers for the QK GEMM (RS), read once per row. The dual schedule's 64 x 64 QK tiles read
+    // A and B from shared memory about as fast as the tensor cores consume them, and the CTA's two streams share
+    // that bandwidth.
+    auto q_regs = [&] {
+      if constexpr (kQInRegs) {
+        using TiledMmaQKrs = decltype(fmha_c::convert_to_gmma_rs(TiledMmaQK{}));
+        auto thr = TiledMmaQKrs{}.get_thread_slice(thread_idx);
+        auto sQ = make_tensor(make_smem_ptr(storage.smem_q.data()), typename Base::SmemLayoutQ{});
+        auto sK = make_tensor(make_smem_ptr(storage.smem_k.data()), typename Base::SmemLayoutK{});
+        Tensor tSsQ = thr.partition_A(sQ(_, _, smem_pipe_read_q.index()));
+        Tensor tSrQr = thr.make_fragment_A(tSsQ);
+        cute::copy(tSsQ, tSrQr);
+        warpgroup_fence_operand(tSrQr);
+        return make_tuple(TiledMmaQKrs{}, tSrQr, thr.make_fragment_B(thr.partition_B(sK)));
+      } else {
+        return 0;
+      }
+    }();
 
     if (n_tiles == 0) {
       // Nothing to attend: O = 0, LSE = -inf. Keep the warpgroup order barrier's sequence and release Q.
@@ -191,7 +213,12 @@ struct BsrMainloop : BsrWsBase<Element, HeadDim, TileM, TileN, Stages, QStages, 
       if constexpr (kFirst || kOrderTiles) math_wg_order_barrier.wait();
       warpgroup_fence_operand(acc_qk);
       warpgroup_arrive();
-      fmha_c::gemm_zero_acc(tiled_mma_qk, sQ_stage, tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
+      if constexpr (kQInRegs) {
+        fmha_c::gemm_zero_acc(get<0>(q_regs), get<1>(q_regs), get<2>(q_regs)(_, _, _, smem_pipe_read.index()),
+                              acc_qk);
+      } else {
+        fmha_c::gemm_zero_acc(tiled_mma_qk, sQ_stage, tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
+      }
       warpgroup_commit_batch();
       if constexpr (kFirst) math_wg_order_barrier.arrive();
       return acc_qk;

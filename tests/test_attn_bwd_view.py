@@ -111,7 +111,7 @@ def test_deterministic_turns_finish_and_are_a_fixed_order(name, sms, interleave)
     lay = bwd_layouts()[name]
     heads = 3 if lay.num_heads == 1 else lay.num_heads
     tm, tn = lay.block_m // 64, lay.block_n // 128
-    interleave = ab.tile_group(heads, 1, 0, min(interleave or heads, max(1, sms // 2 // tn)))
+    interleave = ab.tile_group(heads, 1, 0, interleave or heads, cap=max(1, sms // 2 // tn))
     args = (lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, lay.seq_q, lay.block_m)
     t_q, _, t_sched, t_rank = ab.transposed_view(*args, deterministic=True, block_n=lay.block_n, sms=sms,
                                                  interleave=interleave)
@@ -173,6 +173,7 @@ def test_tile_group():
     assert ab.tile_group(6, 1 << 20, 50 << 20) == 6        # all fit
     assert ab.tile_group(12, 1, 1 << 30, want=5) == 4      # the caller's 5: largest divisor of 12 up to it
     assert ab.tile_group(7, 1, 1 << 30, want=100) == 7
+    assert ab.tile_group(32, 1, 1 << 30, cap=6) == 4          # capped (deterministic waves): a divisor up to 6
 
 
 def _stacked_reference(lay, group):

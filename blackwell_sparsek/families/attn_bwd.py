@@ -162,10 +162,10 @@ def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t
     lse2, delta: the kernel's workspace rows (B, H, >= Sq), fp32, one layout, unit sequence stride, 16-byte
     aligned rows; dq_acc: (B, H, Sq, D) fp32 contiguous (the launcher zeroes it); t_*: the transposed layout
     (query blocks per key block; under GQA stacked per K/V head: transposed_view(group=H // Hkv)) and its
-    schedule [1 or Hkv, nk, 4]; deterministic kernels also take t_rank (each entry's position in its query
-    block's list) and dq_sem (int32, B * H * ceil(Sq / 64), zeroed by the launcher); the others take None for
-    both. head_group: (batch, K/V head)s per group of the tile order (0: those whose Q and dO fit in half of L2;
-    else the largest divisor of B * Hkv up to it)."""
+    schedule [1 or Hkv, nk, 4]; deterministic kernels also take t_rank (each entry's turn among its query block's
+    contributions, attention_bwd.det_ranks) and dq_sem (int32, B * H * ceil(Sq / 64), zeroed by the launcher);
+    the others take None for both. head_group: (batch, K/V head)s per group of the tile order, a divisor of
+    B * Hkv (attention_bwd.tile_group picks it; the launcher refuses anything else, 0 included)."""
     B, H, Sq, D = q.shape
     if glse is not None and glse.stride() != lse.stride():
         raise InvalidConfigError("glse must have lse's strides (the kernel takes one stride pair for both)")

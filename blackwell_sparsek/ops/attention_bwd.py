@@ -81,7 +81,6 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     dev = col_idx.device
     row, valid, rank = _slot_rows(col_idx, row_sched)
     col = col_idx.long()
-    block_kind = block_kind.expand(hl, w)
     if group * nq >= 1 << 24:  # the schedule packs a stacked query block in 24 bits (entry | kind << 24)
         raise InputError(f"{group} query heads per K/V head x {nq} query blocks do not fit the backward's 24-bit "
                          f"block index: split the call over query heads (each K/V head with its own group)")
@@ -236,12 +235,13 @@ def _poison() -> bool:
 HEAD_GROUP = 0
 
 
-def tile_group(bh: int, qdo_bytes: int, l2_bytes: int, want: int = 0) -> int:
+def tile_group(bh: int, qdo_bytes: int, l2_bytes: int, want: int = 0, cap: int = 0) -> int:
     """(batch, K/V head)s per group of the backward's tile order (the launcher takes it as given): ``want`` > 0,
     else those whose Q and dO (read for every key block; all query heads of a K/V head: ``qdo_bytes``) fit in half
-    of L2 (the forward's launcher applies the same rule to K/V); the largest divisor of ``bh`` up to that."""
+    of L2 (the forward's launcher applies the same rule to K/V); at most ``cap`` when given; the largest divisor
+    of ``bh`` up to that."""
     g = want if want > 0 else (l2_bytes // 2) // max(1, qdo_bytes)
-    g = max(1, min(bh, g))
+    g = max(1, min(bh, g, cap or bh))
     while bh % g:
         g -= 1
     return g
@@ -286,9 +286,9 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
     from . import dispatch
     dispatch.check_device(config_json, dev)  # arch and shared memory, once per (config, device)
     facts = dispatch.device_facts(dev)
-    group = tile_group(B * Hkv, 2 * H * Sq * D * q.element_size() // Hkv, facts.l2_bytes, HEAD_GROUP)
-    if det:  # a wave of det_ranks holds one key block of every head in the group
-        group = tile_group(B * Hkv, 1, 0, min(group, max(1, facts.sm_count // 2 // (cfg.block_n // 128))))
+    # deterministic: a wave of det_ranks must hold one key block of every head in the group
+    cap = max(1, facts.sm_count // 2 // (cfg.block_n // 128)) if det else 0
+    group = tile_group(B * Hkv, 2 * H * Sq * D * q.element_size() // Hkv, facts.l2_bytes, HEAD_GROUP, cap)
     # GQA: the view stacks the query heads of each K/V head, so one CTA per key tile of a K/V head sums dK/dV over
     # its whole group in registers (dK/dV come out per K/V head; no per-query-head buffer, no second pass).
     t_q_idx, t_kind, t_sched, t_rank = _transposed_cached(col_idx, block_kind, row_sched, meta[2], Sq, cfg.block_m,

@@ -30,7 +30,7 @@ using ProblemShape = cute::tuple<int, int, int, int, int>;
 struct TLayoutParams {
   const int* q_idx;        // [layout_heads][col_stride]: per key block, the query blocks that list it (ascending)
   const uint8_t* kind;     // same shape: block kind bits
-  int layout_heads;        // 1 (shared by all heads) or heads
+  int layout_heads;        // 1 (shared by all heads) or heads_kv (per-head layouts, stacked per K/V head)
   int col_stride;          // row stride of q_idx / kind
   int heads_kv;
   int group;               // query heads per K/V head (GQA): the layout stacks them (see split_entry)
@@ -81,9 +81,8 @@ CUTLASS_DEVICE BlkCoord with_head(BlkCoord const& c, int h) {
 
 // Deterministic dQ: the contributions to one dQ tile are added in one fixed order, the turns the layout gives them
 // (rank: estimated arrival inside waves of CTAs, attention_bwd.det_ranks). A contributor waits until the tile's
-// counter equals its rank, adds, waits until its
-// TMA reduce has completed (writes, not only the shared-memory read), and bumps the counter with release
-// semantics. Proxy fences order the generic-proxy counter against the async-proxy (TMA) global accesses.
+// counter equals its rank, adds, waits until its TMA reduce has completed (writes, not only the shared-memory
+// read), and bumps the counter with release semantics. Proxy fences order the generic-proxy counter against the async-proxy (TMA) global accesses.
 CUTLASS_DEVICE void wait_turn(int const* sem, int rank) {
   int v;
   do {

@@ -122,7 +122,7 @@ def main() -> int:
                         record(f"  {cfg.op.value} N={N} {sched_tag(vc)}", cfg.op.value, dtype, S, N, S, dens, ms,
                                vc.name_facts(), verr, peer, dense_ms)
                 if args.variants and not transpose:
-                    for tn, st in ((128, 7), (256, 3), (256, 4), (128, 5)):
+                    for tn, st in ((128, 6), (256, 3), (256, 4), (128, 5)):
                         vc = BsrGemmConfig(op="dsd", dtype=cfg.dtype, out_dtype=cfg.out_dtype, tile_n=tn, stages=st)
                         ms = bench(lambda: g.dsd(vals, lay, b, out, config=vc))
                         record(f"  dsd N={N} t{tn} s{st}", "dsd", dtype, S, N, S, dens, ms, vc.name_facts(), err,

@@ -91,7 +91,7 @@ def gemm_kernel_configs() -> list:
     for dt in (f16, b16):  # the bench
         for op, n in ((Op.DSD, 8192), (Op.DSD_T, 8192), (Op.DSD, 1024), (Op.SDD, 8192)):
             cfgs.append(config_for(op, dt, dt, 128, 128, n, 64, SM))
-    for tn, st in ((128, 7), (256, 3), (256, 4), (128, 5)):  # bench --variants
+    for tn, st in ((128, 6), (256, 3), (256, 4), (128, 5)):  # bench --variants
         cfgs.append(BsrGemmConfig(op="dsd", tile_n=tn, stages=st))
     # schedule variants: CTA clusters (A multicast) and the TMA-store epilogue (tests/test_bsr_gemm_kernels_gpu.py
     # _variant, dev/gemm_kernel_bench.py --schedules)

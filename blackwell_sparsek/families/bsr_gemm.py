@@ -103,7 +103,7 @@ class BsrGemmConfig(KernelConfig):
     def smem_bytes(self) -> int:
         """The A and B rings, the epilogue's staging tile and barriers; mirrors GemmKernel::SharedStorage."""
         return (self.stages * (self.tile_m + self.tile_n) * TILE_K * self.dtype.itemsize + _SMEM_RESERVE
-                + epilogue_bytes(self.epilogue, self.tile_m, self.tile_n, self.out_dtype))
+                + epilogue_bytes(self.epilogue, self.tile_m, self.tile_n, self.out_dtype, self.op))
 
     def problems(self) -> list[str]:
         p: list[str] = []
@@ -156,11 +156,15 @@ class BsrGemmConfig(KernelConfig):
         }
 
 
-def epilogue_bytes(epilogue: Epilogue, tile_m: int, tile_n: int, out_dtype: OutDType) -> int:
-    """Shared memory of the epilogue's staging tiles (the whole output tile for TMA stores, else none)."""
-    if epilogue is Epilogue.DIRECT:
-        return 0
-    return tile_m * tile_n * (4 if out_dtype is OutDType.FP32 else 2)
+def epilogue_bytes(epilogue: Epilogue, tile_m: int, tile_n: int, out_dtype: OutDType, op: Op = Op.DSD) -> int:
+    """Shared memory of the epilogue's staging: the whole output tile for TMA stores; for DSD/DSD_T's direct
+    stores, each of the 8 MMA warps' 16 x 64 slice when a warpgroup's columns are whole slices (GemmKernel::
+    kStaged), else none."""
+    size = 4 if out_dtype is OutDType.FP32 else 2
+    if epilogue is Epilogue.TMA:
+        return tile_m * tile_n * size
+    wg_n = tile_n if tile_m == 128 else tile_n // 2
+    return 8 * 16 * 64 * size if op is not Op.SDD and wg_n % 64 == 0 else 0
 
 
 def max_stages(op: Op, dtype: DType, block_m: int, block_n: int, tile_n: int, arch: Arch = Arch.SM90A,
@@ -168,7 +172,7 @@ def max_stages(op: Op, dtype: DType, block_m: int, block_n: int, tile_n: int, ar
     """The most ring slots that fit a CTA's shared memory for this tile (capped at 8: deeper buys nothing)."""
     tile_m = block_n if op is Op.DSD_T else block_m
     per = (tile_m + tile_n) * TILE_K * dtype.itemsize
-    room = arch.facts.smem_optin - _SMEM_RESERVE - epilogue_bytes(epilogue, tile_m, tile_n, out_dtype)
+    room = arch.facts.smem_optin - _SMEM_RESERVE - epilogue_bytes(epilogue, tile_m, tile_n, out_dtype, op)
     return max(2, min(8, room // per))
 
 

@@ -21,6 +21,7 @@
 #include "cute/atom/copy_traits_sm90_tma.hpp"
 #include "cute/atom/mma_traits_sm90_gmma.hpp"
 
+#include "bsk/sm90/gemm_epilogue.hpp"
 #include "bsk/sm90/gemm_work.hpp"
 
 namespace bsk {
@@ -114,6 +115,14 @@ struct GemmKernel {
     auto g = make_tensor(make_gmem_ptr(p), make_shape(rows, cols), make_stride(ld, _1{}));
     return make_tma_copy(SM90_TMA_STORE{}, g, SmemLayoutC{});
   }
+  // The direct epilogue of DSD/DSD_T stages each warp's 16 x 64 output slices through shared memory (kStaged), so
+  // that its global stores are 16 bytes a thread and whole 32-byte sectors (straight from the WGMMA accumulator
+  // layout, a warp's store writes 4 bytes in each of 8 rows). Values are final (alpha, beta, bias, rounded)
+  // before staging, as in the unstaged epilogue, so both give the same bits.
+  static constexpr bool kStaged = !TmaEpi && Op != kOpSdd && WgN % 64 == 0;
+  static constexpr int kStageRowBytes = 64 * int(sizeof(ElementOut));  // one 64-column slice row
+  static constexpr int kStageWarpBytes = 16 * kStageRowBytes;
+  static constexpr int kStageBytes = kStaged ? 8 * kStageWarpBytes : 16;
   using TmaA = decltype(tma_a(nullptr, 1, 1, 8));
   using TmaC = decltype(tma_c(nullptr, 1, 1, 8));
   using TmaB = decltype(tma_b(nullptr, 1, 1, 8));
@@ -126,6 +135,7 @@ struct GemmKernel {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutA>> a;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutB>> b;
     alignas(1024) cute::array_aligned<ElementOut, TmaEpi ? 2 * cosize_v<SmemLayoutC> : 1> c;
+    alignas(128) cute::array_aligned<uint8_t, kStageBytes> stage;
     typename Pipeline::SharedStorage pipe;
   };
 
@@ -175,7 +185,7 @@ struct GemmKernel {
       if (warp == 0) produce(params, work, pipeline, sA, sB, lane);
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-      consume(params, work, pipeline, sA, sB, int(threadIdx.x) - 128, s.c.data());
+      consume(params, work, pipeline, sA, sB, int(threadIdx.x) - 128, s.c.data(), s.stage.data());
     }
   }
 
@@ -239,7 +249,7 @@ struct GemmKernel {
 
   template <class TA, class TB>
   CUTLASS_DEVICE void consume(Params const& params, GemmWork const& work, Pipeline& pipeline, TA& sA, TB& sB,
-                              int tidx, ElementOut* smem_c) {
+                              int tidx, ElementOut* smem_c, uint8_t* smem_stage) {
     // this warpgroup's staging tile
     Tensor sC = make_tensor(make_smem_ptr(smem_c + (TmaEpi ? (tidx / 128) * cosize_v<SmemLayoutC> : 0)),
                             SmemLayoutC{});
@@ -293,6 +303,8 @@ struct GemmKernel {
         pipeline.consumer_release(release);
       }
       if constexpr (TmaEpi) epilogue_tma(params, work, it, acc, tCcC, it.steps > 0, sC, tidx);
+      else if constexpr (kStaged)
+        GemmStagedEpilogue<GemmKernel>::run(params.epi, work, it, acc, tCcC, it.steps > 0, smem_stage, tidx);
       else epilogue(params.epi, work, it, acc, tCcC, it.steps > 0);
     }
     if constexpr (TmaEpi) {

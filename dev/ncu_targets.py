@@ -14,6 +14,9 @@ the stall reasons' shares and the instructions with the most samples. Runs and f
             ``88_hopper_fmha --b=1 --h=16 --q=32768 --k=256 --d=64``
   dsd       bsr_matmul, 8192^3 fp16, 128x128 blocks, 16 per block row (issue 27's headline)
   bwd       the attention backward op, (2, 16, 8192, 128) fp16, 25 % random top-k (issue 26's headline)
+  blocks64  forward, (2, 16, 8192, 128) bf16, 64x64 blocks, 25 % random per head, the dual schedule (issue 29)
+  regions CSV  the stall samples of a source-page CSV by straight-line code region (a hot loop, an unrolled
+            epilogue, ...): where a long unrolled stretch holds many samples spread thin over its instructions
 """
 from __future__ import annotations
 
@@ -52,6 +55,39 @@ def bwd():
     return BwdCall(L.random_topk(seq_q=8192, k=16, seed=0, num_heads=16), 2, 16, 8192, 128, torch.float16)
 
 
+def blocks64():
+    lay = L.random_topk(8192, 32, seed=1, block_m=64, block_n=64, num_heads=16).to("cuda")
+    q, k, v = (torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    return lambda: bsk.sparse_attention(q, k, v, lay)
+
+
+def regions(path: str, min_share: float = 0.5) -> None:
+    """Consecutive instructions grouped by how often they ran (hot: > 1/4 of the most-run instruction's count,
+    warm: ran at all, cold: never), with each group's share of the stall samples and its top reasons."""
+    import collections
+    import csv
+    rows = list(csv.reader(open(path)))
+    hdr, data = rows[1], rows[2:]
+    ia, ie = hdr.index("Warp Stall Sampling (All Samples)"), hdr.index("Instructions Executed")
+    cols = [i for i, h in enumerate(hdr) if h.startswith("stall_") and "Not Issued" not in h]
+    tot = sum(int(r[ia] or 0) for r in data) or 1
+    top = max(int(r[ie] or 0) for r in data) or 1
+    groups: list[list] = []
+    for r in data:
+        ex = int(r[ie] or 0)
+        kind = "hot" if ex > top // 4 else "warm" if ex else "cold"
+        if not groups or groups[-1][0] != kind:
+            groups.append([kind, r[0], []])
+        groups[-1][2].append(r)
+    for kind, start, rs in groups:
+        n = sum(int(r[ia] or 0) for r in rs)
+        if 100 * n / tot < min_share:
+            continue
+        why = collections.Counter({hdr[i][6:]: sum(int(r[i] or 0) for r in rs) for i in cols}).most_common(3)
+        print(f"{kind:4s} {start[-6:]} {len(rs):5d} instructions, max run {max(int(r[ie] or 0) for r in rs):9d}: "
+              f"{100 * n / tot:5.1f} % of samples {[(k, round(100 * v / max(n, 1))) for k, v in why]}")
+
+
 def stalls(path: str, top: int = 12) -> None:
     import collections
     import csv
@@ -69,10 +105,11 @@ def stalls(path: str, top: int = 12) -> None:
 
 
 def main() -> None:
-    if sys.argv[1] == "stalls":
-        stalls(sys.argv[2])
+    if sys.argv[1] in ("stalls", "regions"):
+        (stalls if sys.argv[1] == "stalls" else regions)(sys.argv[2])
         return
-    fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "bwd": bwd}[sys.argv[1]]()
+    fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "bwd": bwd,
+          "blocks64": blocks64}[sys.argv[1]]()
     for _ in range(5):
         fn()
     torch.cuda.synchronize()

@@ -194,6 +194,8 @@ def test_real_compile_dsd_kernel(bsk_cache):
     e = kernels.ensure_built(cfg)
     assert e.built and e.so_path.stat().st_size > 0
     assert cfg.kernel_name.encode() in e.so_path.read_bytes()
+    # the config's shared-memory model (stage counts, validation) is the kernel's SharedStorage, staging included
+    assert kernels.build(cfg).smem_bytes == cfg.smem_bytes()
 
 
 @pytest.mark.parametrize("transpose", [False, True])

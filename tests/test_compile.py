@@ -300,6 +300,8 @@ def test_real_compile_sm90a_kernel(bsk_cache):
     cfg = get_config("bsk_sm90a_attn_fwd_d128_fp16_t128x128_coop_s5_b128x128")
     e = kernels.ensure_built(cfg)  # raises KernelCompileError with the first nvcc errors on failure
     _assert_fresh_kernel_artifact(cfg, e)
+    # the config's shared-memory model may round up (alignment), never under the kernel's SharedStorage
+    assert cfg.smem_bytes() - 1024 < kernels.build(cfg).smem_bytes <= cfg.smem_bytes()
     # No GNU-unique symbol of ours (a function-local static in a template or inline function): the dynamic loader
     # merges those across libraries even under RTLD_LOCAL, so two builds of one kernel name in a process would
     # share them (it happened with the launcher's "attribute already set" flags).

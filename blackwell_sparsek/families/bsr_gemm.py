@@ -156,7 +156,7 @@ class BsrGemmConfig(KernelConfig):
         }
 
 
-def epilogue_bytes(epilogue: Epilogue, tile_m: int, tile_n: int, out_dtype: OutDType, op: Op = Op.DSD) -> int:
+def epilogue_bytes(epilogue: Epilogue, tile_m: int, tile_n: int, out_dtype: OutDType, op: Op) -> int:
     """Shared memory of the epilogue's staging: the whole output tile for TMA stores; for DSD/DSD_T's direct
     stores, each of the 8 MMA warps' 16 x 64 slice when a warpgroup's columns are whole slices (GemmKernel::
     kStaged), else none."""

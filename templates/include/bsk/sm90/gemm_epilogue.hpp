@@ -15,7 +15,7 @@ namespace bsk {
 
 using namespace cute;
 
-// K: the GemmKernel (its tile, warpgroup width, output type, staging sizes and store_pair_smem).
+// K: the GemmKernel (its tile, warpgroup width, output type, staging sizes, add_beta_bias and store_pair_smem).
 template <class K>
 struct GemmStagedEpilogue {
   using Out = typename K::ElementOut;
@@ -61,17 +61,7 @@ struct GemmStagedEpilogue {
           float v0 = e.alpha * acc(i), v1 = e.alpha * acc(i + 1);
           if constexpr (!kPlain) {
             int r = row0 + lr, c = col0 + sl * 64 + cc;
-            if (r < row_lim && c < col_lim) {
-              if (e.beta != 0.f) {
-                Out const* p = out + int64_t(r) * ld + c;
-                v0 += e.beta * float(p[0]);
-                v1 += e.beta * float(p[1]);
-              }
-              if (e.bias != nullptr) {
-                v0 += e.bias[c];
-                v1 += e.bias[c + 1];
-              }
-            }
+            if (r < row_lim && c < col_lim) K::add_beta_bias(e, e.beta != 0.f, out + int64_t(r) * ld + c, c, v0, v1);
           }
           int byte = cc * E;  // 16-byte chunk byte / 16 of the row, XOR the row's low 3 bits
           uint32_t off = uint32_t(lr * K::kStageRowBytes + (((byte / 16) ^ (lr & 7)) * 16) + byte % 16);
@@ -100,7 +90,6 @@ struct GemmStagedEpilogue {
       }
     }
   }
-
 };
 
 }  // namespace bsk

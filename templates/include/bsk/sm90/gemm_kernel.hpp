@@ -324,6 +324,20 @@ struct GemmKernel {
     cutlass::arch::NamedBarrier::sync(256, kBarGemmPad);
   }
 
+  // The output rule past alpha * acc for DSD/DSD_T, at an in-bounds (r, c) pair: + beta * C (p: C's element there,
+  // read only when use_beta) + bias[c]. Every epilogue applies it, before rounding once.
+  CUTLASS_DEVICE static void add_beta_bias(GemmEpilogueParams const& e, bool use_beta, ElementOut const* p, int c,
+                                           float& v0, float& v1) {
+    if (use_beta) {
+      v0 += e.beta * float(p[0]);
+      v1 += e.beta * float(p[1]);
+    }
+    if (e.bias != nullptr) {
+      v0 += e.bias[c];
+      v1 += e.bias[c + 1];
+    }
+  }
+
   template <class Acc, class Coord>
   CUTLASS_DEVICE void epilogue(GemmEpilogueParams const& e, GemmWork const& work, GemmItem const& it, Acc& acc,
                                Coord const& tCcC, bool have_acc) {
@@ -346,14 +360,7 @@ struct GemmKernel {
         // A row with no blocks contributes alpha * 0 (its accumulators were never written)
         float v0 = have_acc ? e.alpha * acc(i) : 0.f, v1 = have_acc ? e.alpha * acc(i + 1) : 0.f;
         ElementOut* p = out + int64_t(r) * ld + c;
-        if (use_beta) {
-          v0 += e.beta * float(p[0]);
-          v1 += e.beta * float(p[1]);
-        }
-        if (Op != kOpSdd && e.bias != nullptr) {
-          v0 += e.bias[c];
-          v1 += e.bias[c + 1];
-        }
+        if constexpr (Op != kOpSdd) add_beta_bias(e, use_beta, p, c, v0, v1);
         store_pair(p, v0, v1);
       }
     }
@@ -387,17 +394,8 @@ struct GemmKernel {
       int lr = get<0>(tCcC(i)) - org_r, lc = get<1>(tCcC(i)) - org_c;
       int r = row0 + org_r + lr, c = col0 + org_c + lc;
       float v0 = have_acc ? e.alpha * acc(i) : 0.f, v1 = have_acc ? e.alpha * acc(i + 1) : 0.f;
-      if (Op != kOpSdd && r < row_lim && c < col_lim) {
-        if (use_beta) {
-          ElementOut const* p = cin + int64_t(r) * work.n + c;
-          v0 += e.beta * float(p[0]);
-          v1 += e.beta * float(p[1]);
-        }
-        if (e.bias != nullptr) {
-          v0 += e.bias[c];
-          v1 += e.bias[c + 1];
-        }
-      }
+      if (Op != kOpSdd && r < row_lim && c < col_lim)
+        add_beta_bias(e, use_beta, cin + int64_t(r) * work.n + c, c, v0, v1);
       store_pair_smem(c_smem + c_offset(lr, lc), v0, v1);  // lc even: the pair stays in one 16-byte chunk
     }
     cutlass::arch::fence_view_async_shared();

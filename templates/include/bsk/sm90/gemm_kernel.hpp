@@ -385,18 +385,28 @@ struct GemmKernel {
     } else {
       row0 = it.out_blk * TileM, col0 = it.nt * TileN, row_lim = e.rows, col_lim = work.n;
     }
-    bool use_beta = Op != kOpSdd && e.beta != 0.f;
     uint32_t c_smem = cute::cast_smem_ptr_to_uint(raw_pointer_cast(sC.data()));
     if (leader) tma_store_wait<0>();  // the previous tile's store has read the staging tile
     cutlass::arch::NamedBarrier::sync(128, bar);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc); i += 2) {  // (i, i + 1): adjacent columns of one row
-      int lr = get<0>(tCcC(i)) - org_r, lc = get<1>(tCcC(i)) - org_c;
-      int r = row0 + org_r + lr, c = col0 + org_c + lc;
-      float v0 = have_acc ? e.alpha * acc(i) : 0.f, v1 = have_acc ? e.alpha * acc(i + 1) : 0.f;
-      if (Op != kOpSdd && r < row_lim && c < col_lim)
-        add_beta_bias(e, use_beta, cin + int64_t(r) * work.n + c, c, v0, v1);
-      store_pair_smem(c_smem + c_offset(lr, lc), v0, v1);  // lc even: the pair stays in one 16-byte chunk
+    if (!have_acc) clear(acc);  // a row with no blocks contributes alpha * 0 (its accumulators were never written)
+    // Without beta or bias (always for SDD) the staging loop is straight-line: the TMA store drops what lies past
+    // the output, so no element needs a bounds check, and per-pair branches would keep the tensor cores idle.
+    if (Op == kOpSdd || (e.beta == 0.f && e.bias == nullptr)) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc); i += 2) {  // (i, i + 1): adjacent columns of one row
+        int lr = get<0>(tCcC(i)) - org_r, lc = get<1>(tCcC(i)) - org_c;
+        store_pair_smem(c_smem + c_offset(lr, lc), e.alpha * acc(i), e.alpha * acc(i + 1));
+      }
+    } else {
+      bool use_beta = e.beta != 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc); i += 2) {
+        int lr = get<0>(tCcC(i)) - org_r, lc = get<1>(tCcC(i)) - org_c;
+        int r = row0 + org_r + lr, c = col0 + org_c + lc;
+        float v0 = e.alpha * acc(i), v1 = e.alpha * acc(i + 1);
+        if (r < row_lim && c < col_lim) add_beta_bias(e, use_beta, cin + int64_t(r) * work.n + c, c, v0, v1);
+        store_pair_smem(c_smem + c_offset(lr, lc), v0, v1);  // lc even: the pair stays in one 16-byte chunk
+      }
     }
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(128, bar);

@@ -84,6 +84,8 @@ def gemm_kernel_configs() -> list:
     cfgs.append(config_for(Op.DSD, f16, f16, 128, 128, 64, 3, SM))      # test_dsd_empty_layout...
     cfgs.append(config_for(Op.DSD, f16, f16, 128, 128, 512, 8, SM))
     cfgs.append(BsrGemmConfig(tile_n=64, stages=6))
+    for op, tn, cl in (("dsd", 128, 1), ("dsd_t", 64, 1), ("dsd", 128, 2), ("dsd", 64, 1)):  # test_dsd_waves
+        cfgs.append(BsrGemmConfig(op=op, tile_n=tn, stages=4, cluster=cl))
     for m, n, k, bm, bn in ((1000, 1000, 264, 128, 128), (515, 136, 640, 64, 64), (384, 200, 520, 64, 128),
                             (700, 72, 248, 128, 64)):  # test_sdd
         for dt, ot in ((f16, f16), (b16, b16), (f16, f32)):

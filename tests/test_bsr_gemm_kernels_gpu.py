@@ -206,6 +206,29 @@ def test_dsd_schedule_variants(cluster, epi, transpose):
     assert _rel(out, 0.5 * ref0 - 1.5 * c0.double() + bias.double()) <= 1e-2
 
 
+@pytest.mark.parametrize("m,k,n,tile_n,cluster,transpose", [
+    (3200, 1024, 1024, 128, 1, False),  # 25 rows x 8 tiles = 200 items: a full wave, a partial backward one
+    (1024, 8192, 384, 64, 1, True),     # 64 x 6 = 384: forward, backward, partial forward
+    (8192, 1024, 512, 128, 2, False),   # pairs: 64 x 2 = 128 pair items over 66 clusters
+    (8192, 1024, 1024, 64, 1, False),   # 1024 items, ~8 waves: all forward
+])
+def test_dsd_waves(m, k, n, tile_n, cluster, transpose):
+    """More items than persistent CTAs, rows of unequal length: every wave's items (up to 3 waves, odd ones walked
+    backwards; partial last waves) run exactly once."""
+    lay = _layout(m, k, 128, 128, 0.3, empty_rows=3)
+    vals = _values(lay, torch.float16)
+    rows = k if transpose else m
+    b = torch.randn(m if transpose else k, n, device="cuda", generator=_gen()).half()
+    a = _dense(lay, vals)
+    ref = (a.T if transpose else a) @ b.double()
+    op = "dsd_t" if transpose else "dsd"
+    cfg = BsrGemmConfig(op=op, tile_n=tile_n, stages=4, cluster=cluster).validate()
+    out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.float16)
+    g.dsd(vals, lay, b, out, transpose=transpose, config=cfg)
+    assert not out.isnan().any()
+    assert _rel(out, ref) <= 1e-2
+
+
 @pytest.mark.parametrize("cluster,epi", VARIANTS)
 def test_dsd_variants_64_blocks(cluster, epi):
     """64x64 blocks: the 64-row tile split by columns between the warpgroups (each 64 x tile_n / 2)."""

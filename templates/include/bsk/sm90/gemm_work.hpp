@@ -1,9 +1,9 @@
 // The BSR GEMM's work list: which output tile a persistent CTA's w-th item is, and which A and B tiles its k
 // steps read. Items are output block rows (DSD: block rows of A, heaviest first from the layout's row schedule;
 // DSD_T: block columns of A, heaviest first from the transposed layout's schedule) times N tiles, or (SDD) the
-// listed output blocks in a column-grouped order. N tiles are walked in strips: the CTAs running at one time share
-// a strip of B's columns (strip * TileN wide, K deep, sized in the launcher to fit half of L2) and each A row of
-// blocks is read once per strip.
+// listed output blocks in a column-grouped order; DSD/DSD_T waves alternate direction. N tiles are walked in
+// strips: the CTAs running at one time share a strip of B's columns (strip * TileN wide, K deep, sized in the
+// launcher to fit half of L2) and each A row of blocks is read once per strip.
 #pragma once
 
 #include <climits>
@@ -33,6 +33,8 @@ struct GemmWork {
   const int* blk_b;    // per listed block, B's block row (DSD: col_idx; DSD_T: the transpose's col_idx)
   const int* blk_a;    // DSD_T: per listed block of the transpose, its index in the values
   int total;           // items (of a cluster: a CTA pair runs one item, each CTA its own N tile / entry)
+  int grid;            // persistent CTAs (clusters) walking the items, gridDim.x / Cluster
+  int snake;           // DSD/DSD_T: odd waves run backwards (few waves: see item())
   int n_items;         // schedule entries (SDD: entry pairs when the kernel runs CTA pairs)
   int n_tiles;         // N tiles (SDD: 1); with CTA pairs, pairs of N tiles
   int strip;           // N tiles (pairs) per strip
@@ -47,6 +49,17 @@ struct GemmWork {
   template <int Op, int Cluster>
   CUTLASS_DEVICE GemmItem item(int w, int rank) const {
     GemmItem it{};
+    if (Op != kOpSdd && snake) {
+      // CTA c runs items c, c + grid, ... of a heaviest-first list; with few waves every other wave walks
+      // backwards, so the CTA that ran a wave's heaviest item runs the next wave's lightest (rows of unequal
+      // length). Over many waves the CTAs drift apart anyway, and the reversed waves spread the items running at
+      // one time over more rows and strips (L2): the launcher sets `snake` only for up to 3 waves.
+      int wave = w / grid;
+      if (wave & 1) {
+        int first = wave * grid;
+        w = first + (min(grid, total - first) - 1 - (w - first));
+      }
+    }
     int per_strip = n_items * strip;
     int s = w / per_strip;
     int rem = w - s * per_strip;

@@ -234,6 +234,23 @@ def test_sparse_linear_layer_step():
 
 # -- every rejected input -----------------------------------------------------------------------------------------
 
+def _b_and_overlapping_out(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """b's values as rows 0..127 of one buffer, and a [128, 64] output on its rows 64..191 (half over b)."""
+    buf = torch.empty(192, 64, dtype=b.dtype)
+    buf[:128] = b
+    return buf[:128], buf[64:]
+
+
+def test_out_beside_b_in_one_buffer():
+    """out and b as disjoint slices of one buffer: nothing in common, so the product runs (and is right)."""
+    a = rand_matrix(128, 128, 64, seed=23)
+    buf = randn(256, 64, seed=24)
+    b, out = buf[:128], buf[128:]
+    got = bsr_matmul(a, b, out=out)
+    assert got is out
+    assert relative_error(out, a.to_dense().double() @ b.double()) <= 1e-2
+
+
 def _bad_matmul_cases():
     a = rand_matrix(128, 128, 64, seed=21)
     b = randn(128, 64, seed=22)
@@ -264,6 +281,8 @@ def _bad_matmul_cases():
         ("out-vs-dtype", lambda: bsr_matmul(a, b, out=torch.empty(128, 64), out_dtype=torch.float16), InputError,
          "out_dtype"),
         ("out-alias", lambda: bsr_matmul(a, b, out=b), InputError, "shares memory"),
+        ("out-overlap", lambda: (lambda bb, oo: bsr_matmul(a, bb, out=oo))(*_b_and_overlapping_out(b)), InputError,
+         "shares memory"),
         ("out-grad", lambda: bsr_matmul(BlockSparseMatrix(a.values.clone().requires_grad_(), a.layout), b,
                                         out=torch.empty(128, 64, dtype=torch.float16)), InputError, "gradients"),
         ("bias-dtype", lambda: bsr_matmul(a, b, bias=torch.zeros(64)), InputError, "output dtype"),

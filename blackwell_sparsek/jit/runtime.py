@@ -186,6 +186,10 @@ class CompiledKernel:
         if isinstance(stream, bool) or not isinstance(stream, int):
             raise InputError(f"stream handle must be an int (torch.cuda.current_stream().cuda_stream), "
                              f"got {type(stream).__name__}")
+        self._run(struct, stream)
+
+    def _run(self, struct: ctypes.Structure, stream: int) -> None:
+        """The launcher on a checked struct and stream handle; CudaError when it returns an error code."""
         code = self._launch(ctypes.byref(struct), ctypes.c_void_p(stream or None))
         if code != 0:
             err = CudaError(f"{self.kernel_name}: launch failed with {launch_error_message(code)}")
@@ -197,11 +201,13 @@ class CompiledKernel:
         """Launch with ``struct`` on torch's current stream of CUDA device ``device`` (its raw handle), switching
         the current device only when it differs, as the ops do for tensors on another GPU."""
         import torch
+        if not isinstance(struct, self.Args):
+            raise InputError(f"args_struct is {type(struct).__name__}, not {self.Args.__name__}")
         if device == torch.cuda.current_device():
-            self.launch(struct, torch._C._cuda_getCurrentRawStream(device))
+            self._run(struct, torch._C._cuda_getCurrentRawStream(device))
         else:
             with torch.cuda.device(device):
-                self.launch(struct, torch._C._cuda_getCurrentRawStream(device))
+                self._run(struct, torch._C._cuda_getCurrentRawStream(device))
 
 # -- device facts ----------------------------------------------------------------------------------------------
 

@@ -37,6 +37,23 @@ def transposed_value_index(layout) -> torch.Tensor:
     return got
 
 
+def dsd_operands(layout, transpose: bool) -> tuple:
+    """What a DSD (``transpose``: DSD_T) launch reads from the layout, cached with it: (row schedule [n_items, 4],
+    per listed block B's block row, DSD_T's value index or None, output rows, reduction length). One head; views,
+    so that a call indexes nothing."""
+    key = "gemm_dsd_t_operands" if transpose else "gemm_dsd_operands"
+    got = layout._cache.get(key)
+    if got is None:
+        if transpose:
+            t = layout.transpose()
+            got = (t.row_schedule()[0], t.col_idx[0], transposed_value_index(layout)[0], layout.seq_k,
+                   layout.seq_q)
+        else:
+            got = (layout.row_schedule()[0], layout.col_idx[0], None, layout.seq_q, layout.seq_k)
+        layout._cache[key] = got
+    return got
+
+
 def block_rows(layout) -> torch.Tensor:
     """int64 ``[Hl, nnz_max]``: the block row of each listed block (padding: the last row + 1)."""
     rp, ci = layout.row_ptr.long(), layout.col_idx

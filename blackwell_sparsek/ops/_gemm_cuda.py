@@ -21,6 +21,7 @@ import torch
 
 from ..families.bsr_gemm import ALIGN_ELEMS, BLOCKS, BsrGemmConfig, Epilogue, Op, OutDType, max_stages, launch_args
 from ..jit.spec import DType
+from ..layout.matrix import dsd_operands
 
 _IN = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 _OUT = {torch.float16: OutDType.FP16, torch.bfloat16: OutDType.BF16, torch.float32: OutDType.FP32}
@@ -119,20 +120,14 @@ def dsd(values: torch.Tensor, layout, b: torch.Tensor, out: torch.Tensor, *, tra
     """out = alpha * op(A)·b + beta * out + bias, op(A) = A (transpose=False; b [K, N], out [M, N]) or Aᵀ
     (b [M, N], out [K, N]); A [M, K] = (layout, values). ``config`` overrides the kernel choice and ``strip`` the
     N tiles per strip of the work order (0: the launcher's choice); both for tuning."""
-    from ..layout.matrix import transposed_value_index
     bm, bk = layout.block_m, layout.block_n
     assert values.is_contiguous() and b.is_contiguous() and out.is_contiguous()
     assert layout.num_heads == 1 and values.shape[1:] == (bm, bk)
     n = b.shape[1]
     dev = values.device
     sms = _sm_count(dev)
-    if transpose:
-        t = layout.transpose()
-        sched, blk_b, blk_a = t.row_schedule()[0], t.col_idx[0], transposed_value_index(layout)[0]
-        m, k, op = layout.seq_k, layout.seq_q, Op.DSD_T
-    else:
-        sched, blk_b, blk_a = layout.row_schedule()[0], layout.col_idx[0], None
-        m, k, op = layout.seq_q, layout.seq_k, Op.DSD
+    sched, blk_b, blk_a, m, k = dsd_operands(layout, transpose)
+    op = Op.DSD_T if transpose else Op.DSD
     assert b.shape[0] == k and out.shape == (m, n)
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         bias = bias.to(torch.float32).contiguous()

@@ -251,6 +251,12 @@ def _as_matrix(a: Any) -> BlockSparseMatrix:
                      "; build one with BlockSparseMatrix.from_dense(x, block=128)")
 
 
+def _overlap(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two contiguous tensors (checked so before) have bytes in common."""
+    x0, y0 = x.data_ptr(), y.data_ptr()
+    return x0 < y0 + y.numel() * y.element_size() and y0 < x0 + x.numel() * x.element_size()
+
+
 def _direct_ok(*tensors) -> bool:
     """An eager call may skip the dispatcher (its arguments are checked and the layout is known) when it would only
     forward to the implementation: plain tensors, no dispatch or function mode, nothing that needs autograd."""
@@ -280,7 +286,7 @@ def bsr_matmul(a: Any, b: torch.Tensor, *, out_dtype: torch.dtype | None = None,
         _remember(lay)
         if out is not None:
             for name, t in (("b", b), ("a.values", values)) + ((("bias", bias),) if bias is not None else ()):
-                if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+                if _overlap(out, t):
                     raise InputError(f"out shares memory with {name}; pass a separate output tensor")
     geom = _geom(lay)
     if out is not None:

@@ -4,11 +4,10 @@ work and every figure is host microseconds per call).
 
     python dev/gemm_host_probe.py
 """
-import time
-
 import torch
 
 import blackwell_sparsek as bsk
+from blackwell_sparsek.bench.timing import host_us
 from blackwell_sparsek.families.bsr_gemm import launch_args
 from blackwell_sparsek.ops import _gemm_checks as chk
 from blackwell_sparsek.ops import _gemm_cuda as g
@@ -18,13 +17,7 @@ from blackwell_sparsek.ops import gemm
 def per_call_us(fn, n=3000):
     for _ in range(200):
         fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+    return host_us(fn, n)[0]
 
 
 def main():

@@ -68,6 +68,15 @@ def _dense(lay, values) -> torch.Tensor:
     return full.reshape(nq * bm, nk * bk)[:lay.seq_q, :lay.seq_k].nan_to_num(0.0)
 
 
+def _dsd_problem(m: int, k: int, n: int, transpose: bool, empty_rows: int):
+    """128x128 blocks at 30 % over (m, k) with empty rows and a full one, fp16 values, b, and op(A)·b in float64."""
+    lay = _layout(m, k, 128, 128, 0.3, empty_rows=empty_rows)
+    vals = _values(lay, torch.float16)
+    b = torch.randn(m if transpose else k, n, device="cuda", generator=_gen()).half()
+    a = _dense(lay, vals)
+    return lay, vals, b, (a.T if transpose else a) @ b.double()
+
+
 def _rel(out, ref) -> float:
     return float((out.double() - ref).norm() / ref.norm().clamp(min=1e-30))
 
@@ -187,12 +196,8 @@ def test_dsd_schedule_variants(cluster, epi, transpose):
     """Odd sizes, an odd number of N tiles (the last cluster's partner tiles lie past N), empty rows, alpha/beta/
     bias, fp16 and fp32 out."""
     m, k, n = 1000, 1100, 520  # 3 N tiles of 256 (odd: the 4th is a pair's partner past N)
-    lay = _layout(m, k, 128, 128, 0.3, empty_rows=2)
-    vals = _values(lay, torch.float16)
+    lay, vals, b, ref0 = _dsd_problem(m, k, n, transpose, empty_rows=2)
     rows = k if transpose else m
-    b = torch.randn(m if transpose else k, n, device="cuda", generator=_gen()).half()
-    a = _dense(lay, vals)
-    ref0 = (a.T if transpose else a) @ b.double()
     op = "dsd_t" if transpose else "dsd"
     out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.float16)
     g.dsd(vals, lay, b, out, transpose=transpose, config=_variant(op, cluster, epi))
@@ -215,12 +220,8 @@ def test_dsd_schedule_variants(cluster, epi, transpose):
 def test_dsd_waves(m, k, n, tile_n, cluster, transpose):
     """More items than persistent CTAs, rows of unequal length: every wave's items (up to 3 waves, odd ones walked
     backwards; partial last waves) run exactly once."""
-    lay = _layout(m, k, 128, 128, 0.3, empty_rows=3)
-    vals = _values(lay, torch.float16)
+    lay, vals, b, ref = _dsd_problem(m, k, n, transpose, empty_rows=3)
     rows = k if transpose else m
-    b = torch.randn(m if transpose else k, n, device="cuda", generator=_gen()).half()
-    a = _dense(lay, vals)
-    ref = (a.T if transpose else a) @ b.double()
     op = "dsd_t" if transpose else "dsd"
     cfg = BsrGemmConfig(op=op, tile_n=tile_n, stages=4, cluster=cluster).validate()
     out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.float16)

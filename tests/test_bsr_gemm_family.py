@@ -195,7 +195,15 @@ def test_real_compile_dsd_kernel(bsk_cache):
     assert e.built and e.so_path.stat().st_size > 0
     assert cfg.kernel_name.encode() in e.so_path.read_bytes()
     # the config's shared-memory model (stage counts, validation) is the kernel's SharedStorage, staging included
-    assert kernels.build(cfg).smem_bytes == cfg.smem_bytes()
+    kernel = kernels.build(cfg)
+    assert kernel.smem_bytes == cfg.smem_bytes()
+    # another kernel's (or any other) argument struct is refused before the launcher runs
+    import ctypes
+
+    class Other(ctypes.Structure):
+        _fields_ = [("x", ctypes.c_int)]
+    with pytest.raises(bsk.InputError, match="args_struct is Other"):
+        kernel.launch(Other(), 0)
 
 
 @pytest.mark.parametrize("transpose", [False, True])

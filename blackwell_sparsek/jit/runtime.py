@@ -174,8 +174,6 @@ class CompiledKernel:
             if len(args) != 2 or fields:
                 raise InputError("launch(args_struct, stream_handle) takes exactly those two arguments")
             struct, stream = args
-            if not isinstance(struct, self.Args):
-                raise InputError(f"args_struct is {type(struct).__name__}, not {self.Args.__name__}")
         else:
             if len(args) != 1:
                 raise InputError("launch(stream_handle, **fields): pass the stream handle positionally")
@@ -189,7 +187,9 @@ class CompiledKernel:
         self._run(struct, stream)
 
     def _run(self, struct: ctypes.Structure, stream: int) -> None:
-        """The launcher on a checked struct and stream handle; CudaError when it returns an error code."""
+        """The launcher on this kernel's struct and a checked stream handle; CudaError when it returns an error."""
+        if not isinstance(struct, self.Args):
+            raise InputError(f"args_struct is {type(struct).__name__}, not {self.Args.__name__}")
         code = self._launch(ctypes.byref(struct), ctypes.c_void_p(stream or None))
         if code != 0:
             err = CudaError(f"{self.kernel_name}: launch failed with {launch_error_message(code)}")
@@ -201,8 +201,6 @@ class CompiledKernel:
         """Launch with ``struct`` on torch's current stream of CUDA device ``device`` (its raw handle), switching
         the current device only when it differs, as the ops do for tensors on another GPU."""
         import torch
-        if not isinstance(struct, self.Args):
-            raise InputError(f"args_struct is {type(struct).__name__}, not {self.Args.__name__}")
         if device == torch.cuda.current_device():
             self._run(struct, torch._C._cuda_getCurrentRawStream(device))
         else:

@@ -26,8 +26,7 @@ struct GemmStagedEpilogue {
   // ran for a quarter of the kernel's time, the MMAs idle meanwhile.
   template <class Acc, class Coord>
   CUTLASS_DEVICE static void run(GemmEpilogueParams const& e, GemmWork const& work, GemmItem const& it, Acc& acc,
-                                 Coord const& tCcC, bool have_acc, uint8_t* smem_stage, int tidx) {
-    if (!have_acc) clear(acc);  // a row with no blocks contributes alpha * 0 (its accumulators were never written)
+                                 Coord const& tCcC, uint8_t* smem_stage, int tidx) {
     bool plain = e.beta == 0.f && e.bias == nullptr && (it.out_blk + 1) * K::TileM <= e.rows &&
                  (it.nt + 1) * K::TileN <= work.n;
     if (plain) body<true>(e, work, it, acc, tCcC, smem_stage, tidx);

@@ -301,11 +301,13 @@ struct GemmKernel {
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc);
         pipeline.consumer_release(release);
+      } else {
+        clear(acc);  // a row with no blocks contributes alpha * 0
       }
-      if constexpr (TmaEpi) epilogue_tma(params, work, it, acc, tCcC, it.steps > 0, sC, tidx);
+      if constexpr (TmaEpi) epilogue_tma(params, work, it, acc, tCcC, sC, tidx);
       else if constexpr (kStaged)
-        GemmStagedEpilogue<GemmKernel>::run(params.epi, work, it, acc, tCcC, it.steps > 0, smem_stage, tidx);
-      else epilogue(params.epi, work, it, acc, tCcC, it.steps > 0);
+        GemmStagedEpilogue<GemmKernel>::run(params.epi, work, it, acc, tCcC, smem_stage, tidx);
+      else epilogue(params.epi, work, it, acc, tCcC);
     }
     if constexpr (TmaEpi) {
       if (tidx % 128 == 0) tma_store_wait<0>();  // the copy engine has read the staging tile before the CTA ends
@@ -340,7 +342,7 @@ struct GemmKernel {
 
   template <class Acc, class Coord>
   CUTLASS_DEVICE void epilogue(GemmEpilogueParams const& e, GemmWork const& work, GemmItem const& it, Acc& acc,
-                               Coord const& tCcC, bool have_acc) {
+                               Coord const& tCcC) {
     ElementOut* out;
     int ld, row0, col0, row_lim, col_lim;
     if constexpr (Op == kOpSdd) {
@@ -357,8 +359,7 @@ struct GemmKernel {
       int r = row0 + get<0>(tCcC(i));
       int c = col0 + get<1>(tCcC(i));
       if (r < row_lim && c < col_lim) {  // col_lim is a multiple of 8: c + 1 < col_lim too
-        // A row with no blocks contributes alpha * 0 (its accumulators were never written)
-        float v0 = have_acc ? e.alpha * acc(i) : 0.f, v1 = have_acc ? e.alpha * acc(i + 1) : 0.f;
+        float v0 = e.alpha * acc(i), v1 = e.alpha * acc(i + 1);
         ElementOut* p = out + int64_t(r) * ld + c;
         if constexpr (Op != kOpSdd) add_beta_bias(e, use_beta, p, c, v0, v1);
         store_pair(p, v0, v1);
@@ -370,7 +371,7 @@ struct GemmKernel {
   // one thread with TMA (which drops what lies past the output's rows and columns).
   template <class Acc, class Coord, class TC>
   CUTLASS_DEVICE void epilogue_tma(Params const& params, GemmWork const& work, GemmItem const& it, Acc& acc,
-                                   Coord const& tCcC, bool have_acc, TC& sC, int tidx) {
+                                   Coord const& tCcC, TC& sC, int tidx) {
     GemmEpilogueParams const& e = params.epi;
     int wg = tidx / 128;
     bool leader = tidx % 128 == 0;
@@ -388,26 +389,22 @@ struct GemmKernel {
     uint32_t c_smem = cute::cast_smem_ptr_to_uint(raw_pointer_cast(sC.data()));
     if (leader) tma_store_wait<0>();  // the previous tile's store has read the staging tile
     cutlass::arch::NamedBarrier::sync(128, bar);
-    if (!have_acc) clear(acc);  // a row with no blocks contributes alpha * 0 (its accumulators were never written)
     // Without beta or bias (always for SDD) the staging loop is straight-line: the TMA store drops what lies past
     // the output, so no element needs a bounds check, and per-pair branches would keep the tensor cores idle.
-    if (Op == kOpSdd || (e.beta == 0.f && e.bias == nullptr)) {
+    auto stage = [&](auto plain) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(acc); i += 2) {  // (i, i + 1): adjacent columns of one row
         int lr = get<0>(tCcC(i)) - org_r, lc = get<1>(tCcC(i)) - org_c;
-        store_pair_smem(c_smem + c_offset(lr, lc), e.alpha * acc(i), e.alpha * acc(i + 1));
-      }
-    } else {
-      bool use_beta = e.beta != 0.f;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(acc); i += 2) {
-        int lr = get<0>(tCcC(i)) - org_r, lc = get<1>(tCcC(i)) - org_c;
-        int r = row0 + org_r + lr, c = col0 + org_c + lc;
         float v0 = e.alpha * acc(i), v1 = e.alpha * acc(i + 1);
-        if (r < row_lim && c < col_lim) add_beta_bias(e, use_beta, cin + int64_t(r) * work.n + c, c, v0, v1);
+        if constexpr (!decltype(plain)::value) {
+          int r = row0 + org_r + lr, c = col0 + org_c + lc;
+          if (r < row_lim && c < col_lim) add_beta_bias(e, e.beta != 0.f, cin + int64_t(r) * work.n + c, c, v0, v1);
+        }
         store_pair_smem(c_smem + c_offset(lr, lc), v0, v1);  // lc even: the pair stays in one 16-byte chunk
       }
-    }
+    };
+    if (Op == kOpSdd || (e.beta == 0.f && e.bias == nullptr)) stage(cute::true_type{});
+    else stage(cute::false_type{});
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(128, bar);
     if (leader) {

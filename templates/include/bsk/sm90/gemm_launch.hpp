@@ -82,22 +82,8 @@ int gemm_launch(Args const& a, cudaStream_t stream) {
   err = device_l2_bytes(device, l2);
   if (err != cudaSuccess) return int(err);
 
-  // The persistent grid, in items (clusters): no more than fit at once, so that none waits for a second wave.
-  int smem = Kernel::SharedStorageSize;
-  err = allow_dynamic_smem(cutlass::device_kernel<Named>, device, smem);
-  if (err != cudaSuccess) return int(err);
-  long long grid = std::min<long long>(total, std::max(1, a.sm_count / Cluster));
-  if constexpr (Cluster > 1) {
-    int fit = 0;
-    err = gemm_max_clusters<Named>(device, Cluster, Kernel::MaxThreadsPerBlock, smem, fit);
-    if (err != cudaSuccess) return int(err);
-    grid = std::min<long long>(grid, std::max(1, fit));
-  }
-
   GemmWork w{};
   w.sched = reinterpret_cast<const int4*>(a.sched);
-  w.grid = int(grid);
-  w.snake = !kSdd && total <= 3 * grid;
   w.blk_b = a.blk_b;
   w.blk_a = a.blk_a;
   w.total = int(total);
@@ -146,18 +132,26 @@ int gemm_launch(Args const& a, cudaStream_t stream) {
       w,
       GemmEpilogueParams{a.out, a.bias, a.alpha, a.beta, a.m}};
 
+  int smem = Kernel::SharedStorageSize;
+  err = allow_dynamic_smem(cutlass::device_kernel<Named>, device, smem);
+  if (err != cudaSuccess) return int(err);
   dim3 block(Kernel::MaxThreadsPerBlock, 1, 1);
   if constexpr (Cluster == 1) {
-    cutlass::device_kernel<Named><<<dim3(unsigned(grid), 1, 1), block, smem, stream>>>(params);
+    dim3 grid(unsigned(std::min<long long>(total, std::max(1, a.sm_count))), 1, 1);
+    cutlass::device_kernel<Named><<<grid, block, smem, stream>>>(params);
     return int(cudaGetLastError());
   } else {
+    int fit = 0;
+    err = gemm_max_clusters<Named>(device, Cluster, Kernel::MaxThreadsPerBlock, smem, fit);
+    if (err != cudaSuccess) return int(err);
+    long long clusters = std::min<long long>({total, std::max(1, a.sm_count / Cluster), std::max(1, fit)});
     cudaLaunchConfig_t cfg{};
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = unsigned(Cluster);
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(unsigned(grid * Cluster), 1, 1);
+    cfg.gridDim = dim3(unsigned(clusters * Cluster), 1, 1);
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = size_t(smem);
     cfg.stream = stream;

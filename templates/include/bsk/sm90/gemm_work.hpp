@@ -33,8 +33,6 @@ struct GemmWork {
   const int* blk_b;    // per listed block, B's block row (DSD: col_idx; DSD_T: the transpose's col_idx)
   const int* blk_a;    // DSD_T: per listed block of the transpose, its index in the values
   int total;           // items (of a cluster: a CTA pair runs one item, each CTA its own N tile / entry)
-  int grid;            // persistent CTAs (clusters) walking the items, gridDim.x / Cluster
-  int snake;           // DSD/DSD_T: odd waves run backwards (few waves: see item())
   int n_items;         // schedule entries (SDD: entry pairs when the kernel runs CTA pairs)
   int n_tiles;         // N tiles (SDD: 1); with CTA pairs, pairs of N tiles
   int strip;           // N tiles (pairs) per strip
@@ -49,11 +47,12 @@ struct GemmWork {
   template <int Op, int Cluster>
   CUTLASS_DEVICE GemmItem item(int w, int rank) const {
     GemmItem it{};
-    if (Op != kOpSdd && snake) {
+    int grid = int(gridDim.x) / Cluster;  // the persistent CTAs (clusters) walking the items
+    if (Op != kOpSdd && total <= 3 * grid) {
       // CTA c runs items c, c + grid, ... of a heaviest-first list; with few waves every other wave walks
       // backwards, so the CTA that ran a wave's heaviest item runs the next wave's lightest (rows of unequal
       // length). Over many waves the CTAs drift apart anyway, and the reversed waves spread the items running at
-      // one time over more rows and strips (L2): the launcher sets `snake` only for up to 3 waves.
+      // one time over more rows and strips (L2): hence up to 3 waves only.
       int wave = w / grid;
       if (wave & 1) {
         int first = wave * grid;

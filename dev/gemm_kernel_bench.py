@@ -1,9 +1,11 @@
 """Raw timing of the BSR GEMM kernels (ops/_gemm_cuda.py) against cuBLAS through torch.mm in the same run.
 
     python dev/gemm_kernel_bench.py [--json PATH] [--txt PATH] [--quick] [--variants] [--schedules]
+                                    [--sdd-block 64|128] [--sdd-only]
 
 Cases (fp16 unless named): M = N = K = 8192, 128x128 blocks, 16 listed per block row (25 %):
-  DSD, DSD_T (C = Aᵀ·B), SDD (25 % of the 128x128 output blocks), DSD at N = 1024, and bf16 DSD.
+  DSD, DSD_T (C = Aᵀ·B), SDD (25 % of the output blocks; --sdd-block 64: 64x64 blocks, 32 a block row), DSD at
+  N = 1024, and bf16 DSD.
 Effective TFLOPS = 2 * M * N * K * density / t. Peers: torch.mm of the same work (dense GEMM with K = 2048,
 i.e. K * density) and dense 8192^3 cuBLAS. triton do_bench medians after warm-up; fresh random inputs; each
 result checked once against torch.mm of the dense equivalent (rel err printed) before timing.
@@ -44,15 +46,19 @@ def schedule_variants(cfg: BsrGemmConfig) -> list[BsrGemmConfig]:
     from blackwell_sparsek.families.bsr_gemm import Epilogue, max_stages
     out = [cfg]
     combos = [(2, "direct"), (1, "tma"), (2, "tma")] + ([(4, "direct"), (4, "tma")] if cfg.op.value != "sdd" else [])
-    for cl, epi in combos:
-        st = max_stages(cfg.op, cfg.dtype, cfg.block_m, cfg.block_n, cfg.tile_n, epilogue=Epilogue(epi),
+    if cfg.op.value == "sdd":  # one block a tile (alone or as CTA pairs), and two blocks of a row a tile
+        combos = [(cl, epi, cfg.block_n) for cl, epi in [(1, "direct")] + combos] + [(1, "tma", 2 * cfg.block_n)]
+    else:
+        combos = [(cl, epi, cfg.tile_n) for cl, epi in combos]
+    for cl, epi, tn in combos:
+        st = max_stages(cfg.op, cfg.dtype, cfg.block_m, cfg.block_n, tn, epilogue=Epilogue(epi),
                         out_dtype=cfg.out_dtype)
-        out.append(dataclasses.replace(cfg, cluster=cl, epilogue=Epilogue(epi), stages=st).validate())
-    return out
+        out.append(dataclasses.replace(cfg, cluster=cl, epilogue=Epilogue(epi), stages=st, tile_n=tn).validate())
+    return list(dict.fromkeys(out))
 
 
 def sched_tag(cfg: BsrGemmConfig) -> str:
-    return f"c{cfg.cluster} {cfg.epilogue.value} s{cfg.stages}"
+    return f"c{cfg.cluster} {cfg.epilogue.value} t{cfg.tile_n} s{cfg.stages}"
 
 
 def rel(a, b) -> float:
@@ -68,6 +74,8 @@ def main() -> int:
     ap.add_argument("--schedules", action="store_true",
                     help="also time every case with CTA clusters (A multicast) and the TMA-store epilogue, and the "
                          "default once more (the spread between two timings of one kernel)")
+    ap.add_argument("--sdd-block", type=int, default=128, help="the SDD case's block side (64 or 128)")
+    ap.add_argument("--sdd-only", action="store_true", help="the SDD case only")
     args = ap.parse_args()
     name = torch.cuda.get_device_name()
     print(f"GPU: {name}", flush=True)
@@ -99,7 +107,7 @@ def main() -> int:
         vals = torch.randn(lay.nnz, 128, 128, device="cuda", dtype=dtype)
         Kw = int(S * dens)
         pa = torch.randn(S, Kw, device="cuda", dtype=dtype)
-        for N in ((S, 1024) if dtype == torch.float16 else (S,)):
+        for N in () if args.sdd_only else ((S, 1024) if dtype == torch.float16 else (S,)):
             b = torch.randn(S, N, device="cuda", dtype=dtype)
             out = torch.empty(S, N, device="cuda", dtype=dtype)
             pb = torch.randn(Kw, N, device="cuda", dtype=dtype)
@@ -134,29 +142,33 @@ def main() -> int:
             del b, out, pb
         # SDD over an 8192^2 output, 25 % of its 128x128 blocks, K = 8192
         if dtype == torch.float16 or not args.quick:
+            sb = args.sdd_block
+            nb = S // sb
+            if sb != 128:  # the same density with smaller blocks
+                lay = L.random_topk(S, per_row * 128 // sb, seed=1, seq_k=S, block_m=sb, block_n=sb, device="cuda")
             a = torch.randn(S, S, device="cuda", dtype=dtype)
             b = torch.randn(S, S, device="cuda", dtype=dtype)
-            outv = torch.empty(lay.nnz, 128, 128, device="cuda", dtype=dtype)
+            outv = torch.empty(lay.nnz, sb, sb, device="cuda", dtype=dtype)
             g.sdd(a, b, lay, outv)
             full = torch.mm(a, b)
-            ref = full.reshape(64, 128, 64, 128)[block_rows(lay)[0, :lay.nnz], :, lay.col_idx[0, :lay.nnz].long()]
+            ref = full.reshape(nb, sb, nb, sb)[block_rows(lay)[0, :lay.nnz], :, lay.col_idx[0, :lay.nnz].long()]
             err = rel(outv, ref)
             del full, ref
             ms = bench(lambda: g.sdd(a, b, lay, outv))
             # same work: 25 % of the 8192^2 output, as one dense product with N = 2048
             pb = torch.randn(S, Kw, device="cuda", dtype=dtype)
             peer = bench(lambda: torch.mm(a, pb))
-            cfg = g.config_for(g.Op.SDD, dtype, dtype, 128, 128, S, lay.nnz, 132)
-            record(f"sdd {str(dtype)[6:]}", "sdd", dtype, S, S, S, dens, ms, cfg.name_facts(), err, peer, dense_ms)
+            cfg = g.config_for(g.Op.SDD, dtype, dtype, sb, sb, S, lay.nnz, 132)
+            record(f"sdd b{sb} {str(dtype)[6:]}", "sdd", dtype, S, S, S, dens, ms, cfg.name_facts(), err, peer, dense_ms)
             if args.schedules:
-                ref = torch.mm(a, b).reshape(64, 128, 64, 128)[block_rows(lay)[0, :lay.nnz], :,
+                ref = torch.mm(a, b).reshape(nb, sb, nb, sb)[block_rows(lay)[0, :lay.nnz], :,
                                                                  lay.col_idx[0, :lay.nnz].long()]
                 for vc in schedule_variants(cfg):
                     outv.fill_(float("nan"))
                     g.sdd(a, b, lay, outv, config=vc)
                     verr = rel(outv, ref)
                     ms = bench(lambda: g.sdd(a, b, lay, outv, config=vc))
-                    record(f"  sdd {sched_tag(vc)}", "sdd", dtype, S, S, S, dens, ms, vc.name_facts(), verr, peer,
+                    record(f"  sdd b{sb} {sched_tag(vc)}", "sdd", dtype, S, S, S, dens, ms, vc.name_facts(), verr, peer,
                            dense_ms)
                 del ref
             del a, b, outv

@@ -63,7 +63,7 @@ _SO = {f16: OutDType.FP16, b16: OutDType.BF16, f32: OutDType.FP32}
 
 
 def variant(op, cl, epi, dt=f16, ot=f16, bm=128, bn=128, tn=None):
-    tn = bn if op == "sdd" else (tn or 256)
+    tn = (tn or bn) if op == "sdd" else (tn or 256)
     st = max_stages(Op(op), _SD[dt], bm, bn, tn, epilogue=Epilogue(epi), out_dtype=_SO[ot])
     return BsrGemmConfig(op=op, dtype=_SD[dt], out_dtype=_SO[ot], block_m=bm, block_n=bn, tile_n=tn, stages=st,
                          cluster=cl, epilogue=epi)
@@ -105,6 +105,10 @@ def gemm_kernel_configs() -> list:
             cfgs += [variant("sdd", cl, epi), variant("sdd", cl, epi, bm=64, bn=64)]
     for op in ("dsd", "dsd_t"):  # the bench's quads with the TMA epilogue
         cfgs.append(variant(op, 4, "tma"))
+    for bm in (128, 64):  # SDD pair tiles
+        for ot in (f16, f32):
+            cfgs.append(variant("sdd", 1, "tma", f16, ot, bm=bm, bn=bm, tn=2 * bm))
+    cfgs += [variant("sdd", 1, "direct"), variant("sdd", 1, "direct", bm=64, bn=64)]  # the bench's single blocks
     return cfgs
 
 

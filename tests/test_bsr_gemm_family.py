@@ -7,7 +7,7 @@ import torch
 
 import blackwell_sparsek as bsk
 from blackwell_sparsek import InvalidConfigError
-from blackwell_sparsek.families.bsr_gemm import BsrGemmConfig, Op, OutDType, max_stages
+from blackwell_sparsek.families.bsr_gemm import BsrGemmConfig, Epilogue, Op, OutDType, max_stages
 from blackwell_sparsek.jit import codegen, kernels
 from blackwell_sparsek.jit.spec import DType, KernelConfig, load_named_configs
 from blackwell_sparsek.layout.matrix import block_rows, sdd_schedule, transposed_value_index
@@ -38,18 +38,23 @@ def test_config_round_trip_and_enum_spellings():
     c2 = BsrGemmConfig(cluster=2)
     assert "t128x256_s4_c2_" in c2.kernel_name and KernelConfig.from_json(c2.to_json()) == c2
     assert c2.kernel_name != BsrGemmConfig().kernel_name
+    pair = BsrGemmConfig(op="sdd", tile_n=256, stages=4, epilogue="tma").validate()  # two blocks of a row a tile
+    assert pair.sdd_pair_tile and "sdd_fp16_ofp16_b128x128_t128x256_s4_etma" in pair.kernel_name
+    assert not BsrGemmConfig(op="sdd", tile_n=128, stages=7).sdd_pair_tile
 
 
 @pytest.mark.parametrize("fields,needle", [
     (dict(block_m=96), "block_m 96"),
     (dict(block_n=256), "block_n 256"),
     (dict(tile_n=192), "tile_n 192"),
-    (dict(op="sdd", tile_n=256), "an SDD tile is one output block"),
+    (dict(op="sdd", tile_n=64), "an SDD tile is one output block or two of one block row"),
+    (dict(op="sdd", tile_n=256, stages=4), "single CTAs with the TMA-store epilogue"),
+    (dict(op="sdd", tile_n=256, stages=4, epilogue="tma", cluster=2), "single CTAs with the TMA-store epilogue"),
     (dict(stages=1), "stages 1"),
     (dict(stages=8), "shared memory"),
     (dict(arch="sm100a"), "no code generator"),
     (dict(cluster=3), "cluster 3"),
-    (dict(epilogue="tma", stages=4), "shared memory"),
+    (dict(epilogue="tma", stages=5), "shared memory"),
     (dict(op="sdd", tile_n=128, stages=7, cluster=4), "SDD runs single CTAs or pairs"),
 ])
 def test_bad_configs_name_the_fix(fields, needle):
@@ -92,18 +97,21 @@ def test_config_for_picks_tile_and_stages():
     small = g.config_for(Op.DSD, torch.float16, torch.float32, 128, 128, 256, 8, 132)
     assert small.tile_n == 64 and small.out_dtype is OutDType.FP32  # 8 rows: narrower tiles fill more SMs
     sdd = g.config_for(Op.SDD, torch.bfloat16, torch.bfloat16, 64, 128, 4096, 1000, 132)
-    assert sdd.tile_n == 128 and sdd.tile_m == 64
+    assert sdd.tile_n == 256 and sdd.tile_m == 64 and sdd.sdd_pair_tile  # 1000 blocks: tiles of two fill the GPU
+    assert sdd.cluster == 1 and sdd.epilogue is Epilogue.TMA
+    few = g.config_for(Op.SDD, torch.bfloat16, torch.bfloat16, 64, 128, 4096, 200, 132)
+    assert few.tile_n == 128 and not few.sdd_pair_tile  # 100 pairs would leave SMs idle
 
 
 def test_config_for_pairs_only_where_measured(monkeypatch):
     args = (torch.float16, torch.float16, 128, 128, 8192, 64, 132)
     monkeypatch.setattr(g, "PAIR_FASTER", frozenset())
     g.config_for.cache_clear()
-    assert g.config_for(Op.DSD, *args).cluster == 1 and g.config_for(Op.SDD, *args[:-2], 1024, 132).cluster == 1
+    assert g.config_for(Op.DSD, *args).cluster == 1 and g.config_for(Op.SDD, *args[:-2], 200, 132).cluster == 1
     monkeypatch.setattr(g, "PAIR_FASTER", frozenset(Op))
     g.config_for.cache_clear()
     try:
-        assert g.config_for(Op.DSD, *args).cluster == 2 and g.config_for(Op.SDD, *args[:-2], 1024, 132).cluster == 2
+        assert g.config_for(Op.DSD, *args).cluster == 2 and g.config_for(Op.SDD, *args[:-2], 200, 132).cluster == 2
         # an odd number of N tiles per row (N = 768 at tile 256) stays single
         assert g.config_for(Op.DSD, torch.float16, torch.float16, 128, 128, 768, 64, 132).cluster == 1
     finally:

@@ -184,7 +184,7 @@ def _variant(op, cluster, epi, dtype=torch.float16, out_dtype=torch.float16, blo
     dt = DType.FP16 if dtype == torch.float16 else DType.BF16
     ot = {torch.float16: OutDType.FP16, torch.bfloat16: OutDType.BF16, torch.float32: OutDType.FP32}[out_dtype]
     bm, bn = block
-    tn = bn if op == "sdd" else (tile_n or 256)
+    tn = (tile_n or bn) if op == "sdd" else (tile_n or 256)
     st = max_stages(g.Op(op), dt, bm, bn, tn, epilogue=Epilogue(epi), out_dtype=ot)
     return BsrGemmConfig(op=op, dtype=dt, out_dtype=ot, block_m=bm, block_n=bn, tile_n=tn, stages=st,
                          cluster=cluster, epilogue=epi).validate()
@@ -244,16 +244,20 @@ def test_dsd_variants_64_blocks(cluster, epi):
     assert _rel(out, _dense(lay, vals) @ b.double()) <= 2e-2
 
 
-@pytest.mark.parametrize("cluster,epi", [(2, "direct"), (1, "tma"), (2, "tma")])
+@pytest.mark.parametrize("cluster,epi,pair_tile,out_dtype", [
+    (2, "direct", False, torch.float16), (1, "tma", False, torch.float16), (2, "tma", False, torch.float16),
+    (1, "tma", True, torch.float16), (1, "tma", True, torch.float32)])
 @pytest.mark.parametrize("case", [(1000, 1000, 264, 128, 128), (515, 136, 640, 64, 64)])
-def test_sdd_schedule_variants(case, cluster, epi):
-    """SDD pairs (two blocks of a row, odd rows with a partner slot, padding pairs) and the TMA-store epilogue."""
+def test_sdd_schedule_variants(case, cluster, epi, pair_tile, out_dtype):
+    """SDD pairs, as CTA pairs or as one tile of two blocks (two blocks of a row, odd rows with a partner slot,
+    padding pairs), and the TMA-store epilogue."""
     m, n, k, bm, bn = case
     lay = _layout(m, n, bm, bn, 0.35)
     a = torch.randn(m, k, device="cuda", generator=_gen()).half()
     b = torch.randn(k, n, device="cuda", generator=_gen()).half()
-    out = torch.full((lay.nnz, bm, bn), float("nan"), device="cuda", dtype=torch.float16)
-    g.sdd(a, b, lay, out, alpha=1.5, config=_variant("sdd", cluster, epi, block=(bm, bn)))
+    out = torch.full((lay.nnz, bm, bn), float("nan"), device="cuda", dtype=out_dtype)
+    cfg = _variant("sdd", cluster, epi, out_dtype=out_dtype, block=(bm, bn), tile_n=2 * bn if pair_tile else None)
+    g.sdd(a, b, lay, out, alpha=1.5, config=cfg)
     full = 1.5 * (a.double() @ b.double())
     nq, nk = lay.n_qblocks, lay.n_kblocks
     pad = torch.zeros(nq * bm, nk * bn, device="cuda", dtype=torch.float64)

@@ -47,7 +47,7 @@ class OutDType(enum.Enum):
 class Epilogue(enum.Enum):
     """How the output tile leaves the MMA warpgroups."""
     DIRECT = "direct"  # pair stores straight from the accumulators
-    TMA = "tma"        # through a shared-memory staging tile and an asynchronous TMA store
+    TMA = "tma"        # per warp through two shared-memory slices and asynchronous TMA stores
 
 
 BLOCKS = (64, 128)         # layout block sides the kernels are built for
@@ -72,6 +72,8 @@ class BsrGemmConfig(KernelConfig):
     block_n: int = 128
     tile_n: int = 256
     stages: int = 4
+    # SDD: tile_n = block_n (a tile is one listed block) or 2 * block_n (two listed blocks of one block row, from
+    # matrix.sdd_schedule(pairs=True): one A tile, WGMMAs twice as wide; single CTAs, TMA-store epilogue).
     # CTAs per cluster: 2 or 4 CTAs share their A tile by TMA multicast (DSD/DSD_T: adjacent N tiles of one output
     # block row; SDD, pairs only: two listed blocks of one block row, from matrix.sdd_schedule(pairs=True)).
     cluster: int = 1
@@ -93,6 +95,11 @@ class BsrGemmConfig(KernelConfig):
         """Output rows per tile: one block row of the output (DSD_T: a block column of A, block_n rows)."""
         return self.block_n if self.op is Op.DSD_T else self.block_m
 
+    @property
+    def sdd_pair_tile(self) -> bool:
+        """SDD with two listed blocks of one block row a tile (matrix.sdd_schedule(pairs=True))."""
+        return self.op is Op.SDD and self.tile_n == 2 * self.block_n
+
     def name_facts(self) -> str:
         # cluster 1 and the direct epilogue keep the names they always had
         cluster = f"_c{self.cluster}" if self.cluster != 1 else ""
@@ -113,9 +120,12 @@ class BsrGemmConfig(KernelConfig):
             if getattr(self, name) not in BLOCKS:
                 p.append(f"{name} {getattr(self, name)} is not supported; use one of {BLOCKS}")
         if self.op is Op.SDD:
-            if self.tile_n != self.block_n:
-                p.append(f"tile_n {self.tile_n} != block_n {self.block_n}: an SDD tile is one output block; "
-                         f"set tile_n={self.block_n}")
+            if self.tile_n not in (self.block_n, 2 * self.block_n):
+                p.append(f"tile_n {self.tile_n}: an SDD tile is one output block or two of one block row; "
+                         f"set tile_n={self.block_n} or {2 * self.block_n}")
+            elif self.sdd_pair_tile and (self.cluster != 1 or self.epilogue is not Epilogue.TMA):
+                p.append(f"tile_n {self.tile_n} (two blocks a tile) runs single CTAs with the TMA-store epilogue; "
+                         f"set cluster=1, epilogue='tma'")
         elif self.tile_n not in TILE_NS:
             p.append(f"tile_n {self.tile_n} is not supported; use one of {TILE_NS}")
         if self.cluster not in CLUSTERS:
@@ -133,10 +143,16 @@ class BsrGemmConfig(KernelConfig):
         def near(v: int, opts: tuple[int, ...]) -> int:
             return min(opts, key=lambda o: (abs(o - v), o))
         bm, bn = near(self.block_m, BLOCKS), near(self.block_n, BLOCKS)
-        tn = bn if self.op is Op.SDD else near(self.tile_n, TILE_NS)
+        cluster = near(self.cluster, CLUSTERS[:2] if self.op is Op.SDD else CLUSTERS)
+        epi = self.epilogue
+        if self.op is not Op.SDD:
+            tn = near(self.tile_n, TILE_NS)
+        elif self.tile_n >= 2 * bn:  # a pair tile
+            tn, cluster, epi = 2 * bn, 1, Epilogue.TMA
+        else:
+            tn = bn
         cand = dataclasses.replace(self, arch=Arch.SM90A, block_m=bm, block_n=bn, tile_n=tn,
-                                   stages=min(max(self.stages, 2), 16),
-                                   cluster=near(self.cluster, CLUSTERS[:2] if self.op is Op.SDD else CLUSTERS))
+                                   stages=min(max(self.stages, 2), 16), cluster=cluster, epilogue=epi)
         while cand.stages > 2 and cand.problems():
             cand = dataclasses.replace(cand, stages=cand.stages - 1)
         return None if cand.problems() else cand
@@ -157,13 +173,13 @@ class BsrGemmConfig(KernelConfig):
 
 
 def epilogue_bytes(epilogue: Epilogue, tile_m: int, tile_n: int, out_dtype: OutDType, op: Op) -> int:
-    """Shared memory of the epilogue's staging: the whole output tile for TMA stores; for DSD/DSD_T's direct
-    stores, each of the 8 MMA warps' 16 x 64 slice when a warpgroup's columns are whole slices (GemmKernel::
-    kStaged), else none."""
+    """Shared memory of the epilogue's staging (GemmKernel::SharedStorage::epi): for TMA stores, two 16-row
+    slices per MMA warp, rows of min(warpgroup width, 128 bytes); for DSD/DSD_T's direct stores, one 16 x 64
+    slice per MMA warp when a warpgroup's columns are whole slices (GemmKernel::kStaged), else none."""
     size = 4 if out_dtype is OutDType.FP32 else 2
-    if epilogue is Epilogue.TMA:
-        return tile_m * tile_n * size
     wg_n = tile_n if tile_m == 128 else tile_n // 2
+    if epilogue is Epilogue.TMA:
+        return 8 * 2 * 16 * min(wg_n * size, 128)
     return 8 * 16 * 64 * size if op is not Op.SDD and wg_n % 64 == 0 else 0
 
 

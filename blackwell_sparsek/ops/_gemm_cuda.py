@@ -63,23 +63,27 @@ def problems(*, op: str = "dsd", dtype=None, out_dtype=None, block_m: int = 128,
 
 # Ops whose CTA-pair kernels (cluster 2: the A tile multicast across the pair) measured faster than the single-CTA
 # ones in the same run (dev/gemm_kernel_bench.py --schedules; bench/results/*/bsr_gemm_kernels.txt): SDD on the
-# H100 (+5 % with the TMA epilogue; on the H200 within 1 % of single CTAs).
+# H100 (+5 % with the TMA epilogue; on the H200 within 1 % of single CTAs). SDD tiles of two blocks beat both
+# (+10 % on the H200, bench/results/h200/gemm_sdd_pair.txt) and take their place where their pairs fill the GPU.
 PAIR_FASTER: frozenset[Op] = frozenset({Op.SDD})
 # Ops whose TMA-store epilogue measured faster than the direct one in the same run: SDD on both GPUs (its output
-# is whole blocks, written as one tile each).
+# is whole blocks). DSD/DSD_T: 3-4 % slower (the copy engine that drains the stores also loads the next tiles).
 TMA_EPI_FASTER: frozenset[Op] = frozenset({Op.SDD})
 
 
 @lru_cache(maxsize=256)
 def config_for(op: Op, dtype: torch.dtype, out_dtype: torch.dtype, block_m: int, block_n: int, n: int,
                n_items: int, sm_count: int) -> BsrGemmConfig:
-    """The kernel for a call: the widest N tile (256) unless that leaves SMs idle, the deepest ring that fits, and
-    CTA pairs where they measured faster (``PAIR_FASTER``) and the work fills the pairs, the TMA-store epilogue
-    where it measured faster (``TMA_EPI_FASTER``)."""
+    """The kernel for a call: the widest N tile (256) unless that leaves SMs idle (SDD: tiles of two blocks of a
+    row where the pairs fill the GPU), the deepest ring that fits, and CTA pairs where they measured faster
+    (``PAIR_FASTER``) and the work fills the pairs, the TMA-store epilogue where it measured faster
+    (``TMA_EPI_FASTER``)."""
     dt, ot = _IN[dtype], _OUT[out_dtype]
     if op is Op.SDD:
-        tile_n = block_n
-        cluster = 2 if op in PAIR_FASTER and n_items >= sm_count else 1
+        # two blocks of a row per tile (one A tile, WGMMAs twice as wide) wherever their pairs fill the GPU
+        pair_tile = n_items >= 2 * sm_count
+        tile_n = 2 * block_n if pair_tile else block_n
+        cluster = 2 if op in PAIR_FASTER and not pair_tile and n_items >= sm_count else 1
     else:
         tile_n = 256
         while tile_n > 64 and n_items * -(-n // tile_n) < sm_count:
@@ -151,6 +155,6 @@ def sdd(a: torch.Tensor, b: torch.Tensor, layout, out_values: torch.Tensor, *, a
     sms = _sm_count(dev)
     cfg = config or config_for(Op.SDD, a.dtype, out_values.dtype, layout.block_m, layout.block_n, n,
                                layout.nnz, sms)
-    sched = sdd_schedule(layout, sms, pairs=cfg.cluster > 1)
+    sched = sdd_schedule(layout, sms, pairs=cfg.cluster > 1 or cfg.sdd_pair_tile)
     _launch(cfg, dev, **launch_args(a=a, b=b, out=out_values, bias=None, sched=sched, blk_b=None, blk_a=None,
                                     m=m, n=n, k=k, nnz=layout.nnz, alpha=alpha, beta=0.0, sm_count=sms))

@@ -53,6 +53,12 @@ struct GemmKernel {
   static_assert(TileM == 64 || TileM == 128, "64- or 128-row tiles");
   static_assert(Op == kOpSdd || BlockK % TileK == 0, "a listed block is whole k steps");
   static_assert(TileM == (Op == kOpDsdT ? BlockN_ : BlockM_), "one output tile row = one block row");
+  // SDD: a tile is one listed block, or (SddPair 2, TileN = 2 BlockN) two listed blocks of one block row side by
+  // side: one A tile, B's two column blocks loaded into the two halves of the B tile, WGMMAs twice as wide.
+  static constexpr int BlockN = BlockN_;
+  static constexpr int SddPair = Op == kOpSdd ? TileN / BlockN : 1;
+  static_assert(Op != kOpSdd || (TileN % BlockN == 0 && (SddPair == 1 || SddPair == 2)), "SDD: one or two blocks");
+  static_assert(SddPair == 1 || (Cluster == 1 && TmaEpi_), "SDD pair tiles: single CTAs, the TMA-store epilogue");
 
   // 128 rows: each MMA warpgroup takes 64 rows; 64 rows: each takes half the columns.
   static constexpr int AtomM = TileM / 64;
@@ -71,6 +77,10 @@ struct GemmKernel {
       std::conditional_t<WgN % 32 == 0, GMMA::Layout_MN_SW64_Atom<Element>, GMMA::Layout_MN_SW32_Atom<Element>>>;
   using SmemLayoutB = decltype(tile_to_shape(SmemAtomB{}, make_shape(Int<TileN>{}, Int<TileK>{}, Int<Stages>{}),
                                              Step<_2, _1, _3>{}));
+  // What one B load fills: the whole tile, or (SDD pairs) one half; half h of slot s is slot 2s + h here, the same
+  // bytes as SmemLayoutB (its 64-column swizzle atoms are stacked along K first, then along N).
+  using SmemLayoutBLoad = decltype(tile_to_shape(
+      SmemAtomB{}, make_shape(Int<TileN / SddPair>{}, Int<TileK>{}, Int<Stages * SddPair>{}), Step<_2, _1, _3>{}));
   using TiledMma = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<WgN>, Int<TileK>>, MajorA, GMMA::Major::MN>(),
       Layout<Shape<Int<AtomM>, Int<AtomN>, _1>>{}));
@@ -90,27 +100,19 @@ struct GemmKernel {
     return make_tma_copy(TmaLoadA{}, gmem_a(p, rows, cols, ld), SmemLayoutA{}(_, _, 0), Int<Cluster>{});
   }
   static auto tma_b(Element const* p, int n, int k, int64_t ld) {
-    return make_tma_copy(SM90_TMA_LOAD{}, gmem_b(p, n, k, ld), SmemLayoutB{}(_, _, 0));
+    return make_tma_copy(SM90_TMA_LOAD{}, gmem_b(p, n, k, ld), SmemLayoutBLoad{}(_, _, 0));
   }
-  // The TMA-store epilogue's staging tile (one per MMA warpgroup): 64 x WgN, the output row contiguous, swizzled
-  // so that a warp's pair stores of 8 rows land on distinct banks.
-  static constexpr int kCRowBytes = WgN * int(sizeof(ElementOut));
+  // The TMA-store epilogue (gemm_epilogue.hpp, GemmTmaEpilogue) stages 16-row slices of kSliceCols columns per MMA
+  // warp, two buffers a warp: rows of kSliceCols * sizeof(ElementOut) bytes (128, or 64/32 for a narrow
+  // warpgroup), swizzled at that width as the TMA store expects.
+  static constexpr int kSliceCols = WgN * int(sizeof(ElementOut)) < 128 ? WgN : 128 / int(sizeof(ElementOut));
+  static constexpr int kSliceRowBytes = kSliceCols * int(sizeof(ElementOut));
   using SmemAtomC = std::conditional_t<
-      kCRowBytes % 128 == 0, GMMA::Layout_K_SW128_Atom<ElementOut>,
-      std::conditional_t<kCRowBytes % 64 == 0, GMMA::Layout_K_SW64_Atom<ElementOut>,
+      kSliceRowBytes == 128, GMMA::Layout_K_SW128_Atom<ElementOut>,
+      std::conditional_t<kSliceRowBytes == 64, GMMA::Layout_K_SW64_Atom<ElementOut>,
                          GMMA::Layout_K_SW32_Atom<ElementOut>>>;
-  using SmemLayoutC = decltype(tile_to_shape(SmemAtomC{}, make_shape(_64{}, Int<WgN>{})));
-  static constexpr int kCSwizzleRow = kCRowBytes % 128 == 0 ? 128 : kCRowBytes % 64 == 0 ? 64 : 32;
-  // Byte offset of element (r, c) in SmemLayoutC: atoms of 8 rows x kCSwizzleRow bytes stacked along the rows
-  // first, in each the 16-byte chunk index XOR-ed with the row bits above it (the TMA swizzle of that width).
-  CUTLASS_HOST_DEVICE static uint32_t c_offset(int r, int c) {
-    constexpr int R = kCSwizzleRow, E = int(sizeof(ElementOut));
-    int cb = c * E;
-    uint32_t atom = uint32_t(r / 8 + (cb / R) * 8);
-    uint32_t o = uint32_t((r % 8) * R + cb % R);
-    o ^= ((o >> 7) & uint32_t(R / 16 - 1)) << 4;
-    return atom * uint32_t(8 * R) + o;
-  }
+  using SmemLayoutC = decltype(tile_to_shape(SmemAtomC{}, make_shape(_16{}, Int<kSliceCols>{})));
+  static constexpr int kTmaEpiBytes = 8 * 2 * 16 * kSliceRowBytes;  // 8 MMA warps x 2 buffers
   static auto tma_c(ElementOut* p, int rows, int cols, int64_t ld) {
     auto g = make_tensor(make_gmem_ptr(p), make_shape(rows, cols), make_stride(ld, _1{}));
     return make_tma_copy(SM90_TMA_STORE{}, g, SmemLayoutC{});
@@ -134,8 +136,7 @@ struct GemmKernel {
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutA>> a;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutB>> b;
-    alignas(1024) cute::array_aligned<ElementOut, TmaEpi ? 2 * cosize_v<SmemLayoutC> : 1> c;
-    alignas(128) cute::array_aligned<uint8_t, kStageBytes> stage;
+    alignas(1024) cute::array_aligned<uint8_t, TmaEpi ? kTmaEpiBytes : kStageBytes> epi;  // epilogue staging
     typename Pipeline::SharedStorage pipe;
   };
 
@@ -185,7 +186,7 @@ struct GemmKernel {
       if (warp == 0) produce(params, work, pipeline, sA, sB, lane);
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-      consume(params, work, pipeline, sA, sB, int(threadIdx.x) - 128, s.c.data(), s.stage.data());
+      consume(params, work, pipeline, sA, sB, int(threadIdx.x) - 128, s.epi.data());
     }
   }
 
@@ -197,10 +198,11 @@ struct GemmKernel {
     Tensor mA = tma_a.get_tma_tensor(make_shape(work.a_rows, work.a_cols));
     Tensor mB = tma_b.get_tma_tensor(make_shape(work.n, work.b_k));
     Tensor gA = local_tile(mA, Shape<Int<TileM>, Int<TileK>>{}, make_coord(_, _));  // (TileM, 64, mt, kt)
-    Tensor gB = local_tile(mB, Shape<Int<TileN>, Int<TileK>>{}, make_coord(_, _));  // (TileN, 64, nt, kt)
+    Tensor gB = local_tile(mB, Shape<Int<TileN / SddPair>, Int<TileK>>{}, make_coord(_, _));  // (.., 64, nt, kt)
+    Tensor sBl = make_tensor(sB.data(), SmemLayoutBLoad{});
     int rank = Cluster > 1 ? int(cute::block_rank_in_cluster()) : 0;
     auto pa = tma_partition(tma_a, rank, Layout<Int<Cluster>>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-    auto pb = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+    auto pb = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sBl), group_modes<0, 2>(gB));
     Tensor tAgA = get<0>(pa);  // (TMA, mt, kt)
     Tensor tAsA = get<1>(pa);  // (TMA, Stages)
     Tensor tBgB = get<0>(pb);
@@ -208,22 +210,24 @@ struct GemmKernel {
     PipelineState state = cutlass::make_producer_start_state<Pipeline>();
     bool leader = lane == 0;
 
-    auto load = [&](int am, int ak, int bn, int bk) {
+    // bn2: an SDD pair's second column block (its B tile goes to the slot's second half)
+    auto load = [&](int am, int ak, int bn, int bk, int bn2 = 0) {
       if (leader) {
         pipeline.producer_acquire(state);
         auto* bar = pipeline.producer_get_barrier(state);
         if constexpr (Cluster > 1) copy(tma_a.with(*bar, uint16_t((1u << Cluster) - 1)), tAgA(_, am, ak),
                                         tAsA(_, state.index()));
         else copy(tma_a.with(*bar), tAgA(_, am, ak), tAsA(_, state.index()));
-        copy(tma_b.with(*bar), tBgB(_, bn, bk), tBsB(_, state.index()));
+        copy(tma_b.with(*bar), tBgB(_, bn, bk), tBsB(_, state.index() * SddPair));
+        if constexpr (SddPair == 2) copy(tma_b.with(*bar), tBgB(_, bn2, bk), tBsB(_, state.index() * 2 + 1));
       }
       ++state;
     };
 
     for (int w = int(blockIdx.x) / Cluster; w < work.total; w += int(gridDim.x) / Cluster) {
-      GemmItem it = work.template item<Op, Cluster>(w, rank);
+      GemmItem it = work.template item<Op, Cluster, SddPair>(w, rank);
       if constexpr (Op == kOpSdd) {
-        for (int ks = 0; ks < it.steps; ++ks) load(it.out_blk, ks, it.col_blk, ks);
+        for (int ks = 0; ks < it.steps; ++ks) load(it.out_blk, ks, it.col_blk, ks, it.col_blk2);
       } else {
         // The row's block indices, 32 at a time, one per lane: no dependent global load per block.
         for (int j0 = 0; j0 < it.count; j0 += 32) {
@@ -249,10 +253,7 @@ struct GemmKernel {
 
   template <class TA, class TB>
   CUTLASS_DEVICE void consume(Params const& params, GemmWork const& work, Pipeline& pipeline, TA& sA, TB& sB,
-                              int tidx, ElementOut* smem_c, uint8_t* smem_stage) {
-    // this warpgroup's staging tile
-    Tensor sC = make_tensor(make_smem_ptr(smem_c + (TmaEpi ? (tidx / 128) * cosize_v<SmemLayoutC> : 0)),
-                            SmemLayoutC{});
+                              int tidx, uint8_t* smem_epi) {
     TiledMma mma;
     auto thr = mma.get_thread_slice(tidx);
     Tensor tCrA = thr.partition_fragment_A(sA);  // (MMA, MMA_M, MMA_K, Stages) descriptors
@@ -261,9 +262,10 @@ struct GemmKernel {
     Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<TileM>, Int<TileN>>{}));
     PipelineState read;
     int rank = Cluster > 1 ? int(cute::block_rank_in_cluster()) : 0;
+    uint32_t slices = 0;  // TMA-store epilogue: slices this warp has stored (their parity picks the buffer)
 
     for (int w = int(blockIdx.x) / Cluster; w < work.total; w += int(gridDim.x) / Cluster) {
-      GemmItem it = work.template item<Op, Cluster>(w, rank);
+      GemmItem it = work.template item<Op, Cluster, SddPair>(w, rank);
       if (it.steps > 0) {
         // Only a row's last listed block can be the last block column; when the reduction length is not a
         // multiple of the block, that block's values past it are zeroed in shared memory before the MMA (the B
@@ -304,13 +306,14 @@ struct GemmKernel {
       } else {
         clear(acc);  // a row with no blocks contributes alpha * 0
       }
-      if constexpr (TmaEpi) epilogue_tma(params, work, it, acc, tCcC, sC, tidx);
+      if constexpr (TmaEpi)
+        GemmTmaEpilogue<GemmKernel>::run(params, work, it, acc, tCcC, smem_epi, tidx, slices);
       else if constexpr (kStaged)
-        GemmStagedEpilogue<GemmKernel>::run(params.epi, work, it, acc, tCcC, smem_stage, tidx);
+        GemmStagedEpilogue<GemmKernel>::run(params.epi, work, it, acc, tCcC, smem_epi, tidx);
       else epilogue(params.epi, work, it, acc, tCcC);
     }
     if constexpr (TmaEpi) {
-      if (tidx % 128 == 0) tma_store_wait<0>();  // the copy engine has read the staging tile before the CTA ends
+      if (tidx % 32 == 0) tma_store_wait<0>();  // the copy engine has read the staging buffers before the CTA ends
     }
   }
 
@@ -364,55 +367,6 @@ struct GemmKernel {
         if constexpr (Op != kOpSdd) add_beta_bias(e, use_beta, p, c, v0, v1);
         store_pair(p, v0, v1);
       }
-    }
-  }
-
-  // The TMA-store epilogue: the same values as epilogue(), written to this warpgroup's staging tile and stored by
-  // one thread with TMA (which drops what lies past the output's rows and columns).
-  template <class Acc, class Coord, class TC>
-  CUTLASS_DEVICE void epilogue_tma(Params const& params, GemmWork const& work, GemmItem const& it, Acc& acc,
-                                   Coord const& tCcC, TC& sC, int tidx) {
-    GemmEpilogueParams const& e = params.epi;
-    int wg = tidx / 128;
-    bool leader = tidx % 128 == 0;
-    uint32_t bar = kBarGemmEpi + uint32_t(wg);
-    // this warpgroup's part of the tile: 64 rows x WgN columns at (org_r, org_c)
-    int org_r = AtomM == 2 ? wg * 64 : 0, org_c = AtomM == 2 ? 0 : wg * WgN;
-    int row0, col0, row_lim, col_lim;
-    ElementOut const* cin = static_cast<ElementOut const*>(e.out);
-    if constexpr (Op == kOpSdd) {
-      if (it.value < 0) return;  // the partner slot of a pair
-      row0 = it.value * TileM, col0 = 0, row_lim = INT_MAX, col_lim = TileN;
-    } else {
-      row0 = it.out_blk * TileM, col0 = it.nt * TileN, row_lim = e.rows, col_lim = work.n;
-    }
-    uint32_t c_smem = cute::cast_smem_ptr_to_uint(raw_pointer_cast(sC.data()));
-    if (leader) tma_store_wait<0>();  // the previous tile's store has read the staging tile
-    cutlass::arch::NamedBarrier::sync(128, bar);
-    // Without beta or bias (always for SDD) the staging loop is straight-line: the TMA store drops what lies past
-    // the output, so no element needs a bounds check, and per-pair branches would keep the tensor cores idle.
-    auto stage = [&](auto plain) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(acc); i += 2) {  // (i, i + 1): adjacent columns of one row
-        int lr = get<0>(tCcC(i)) - org_r, lc = get<1>(tCcC(i)) - org_c;
-        float v0 = e.alpha * acc(i), v1 = e.alpha * acc(i + 1);
-        if constexpr (!decltype(plain)::value) {
-          int r = row0 + org_r + lr, c = col0 + org_c + lc;
-          if (r < row_lim && c < col_lim) add_beta_bias(e, e.beta != 0.f, cin + int64_t(r) * work.n + c, c, v0, v1);
-        }
-        store_pair_smem(c_smem + c_offset(lr, lc), v0, v1);  // lc even: the pair stays in one 16-byte chunk
-      }
-    };
-    if (Op == kOpSdd || (e.beta == 0.f && e.bias == nullptr)) stage(cute::true_type{});
-    else stage(cute::false_type{});
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(128, bar);
-    if (leader) {
-      Tensor mC = params.tma_c.get_tma_tensor(make_shape(params.c_rows, params.c_cols));
-      Tensor gC = local_tile(mC, Shape<_64, Int<WgN>>{}, make_coord((row0 + org_r) / 64, (col0 + org_c) / WgN));
-      auto s2g = params.tma_c.get_slice(Int<0>{});
-      copy(params.tma_c, s2g.partition_S(sC), s2g.partition_D(gC));
-      tma_store_arrive();
     }
   }
 

@@ -66,11 +66,13 @@ int gemm_launch(Args const& a, cudaStream_t stream) {
     return kErrBadShape;
   if (!aligned16(a.a) || !aligned16(a.b) || !aligned16(a.out) || !aligned16(a.sched)) return kErrMisaligned;
   if (!kSdd && (long long)a.n_items * TileM < a.m) return kErrBadShape;  // the schedule covers every row
-  if (kSdd && a.n_items % Cluster != 0) return kErrBadShape;  // SDD pairs: entries 2i, 2i + 1 run as one item
+  // SDD pairs (CTA pairs or pair tiles): entries 2i, 2i + 1 run as one item
+  constexpr int kPer = Cluster * Kernel::SddPair;
+  if (kSdd && a.n_items % kPer != 0) return kErrBadShape;
 
   // With CTA pairs an item is a pair of N tiles (DSD/DSD_T) or of SDD entries.
   int n_tiles = kSdd ? 1 : (a.n + TileN * Cluster - 1) / (TileN * Cluster);
-  int n_items = kSdd ? a.n_items / Cluster : a.n_items;
+  int n_items = kSdd ? a.n_items / kPer : a.n_items;
   long long total = (long long)n_items * n_tiles;
   if (total > kIntMax) return kErrBadShape;
   if (total == 0) return 0;
@@ -117,7 +119,7 @@ int gemm_launch(Args const& a, cudaStream_t stream) {
 
   // The output as the TMA-store epilogue's descriptor sees it (SDD: the values as [nnz * TileM, TileN]).
   int c_rows = kSdd ? int(std::max(1LL, (long long)a.nnz * TileM)) : a.m;
-  int c_cols = kSdd ? TileN : a.n;
+  int c_cols = kSdd ? Kernel::BlockN : a.n;
   if (kSdd && (long long)a.nnz * TileM > kIntMax) return kErrBadShape;
   auto const* pa = static_cast<Element const*>(a.a);
   auto const* pb = static_cast<Element const*>(a.b);

@@ -14,9 +14,8 @@
 namespace bsk {
 
 enum : int { kOpDsd = 0, kOpDsdT = 1, kOpSdd = 2 };
-// Named barriers (CUTLASS user ids): the two MMA warpgroups meet at kBarGemmPad after zeroing a padded A tile;
-// each warpgroup's threads meet at kBarGemmEpi + its index around its TMA-store epilogue.
-enum : uint32_t { kBarGemmPad = 0, kBarGemmEpi = 1 };
+// Named barrier (CUTLASS user id): the two MMA warpgroups meet at kBarGemmPad after zeroing a padded A tile.
+enum : uint32_t { kBarGemmPad = 0 };
 
 struct GemmItem {
   int out_blk;  // output block row (DSD, SDD: block row of A; DSD_T: block column of A)
@@ -25,7 +24,9 @@ struct GemmItem {
   int count;    // listed blocks of the row (DSD/DSD_T)
   int steps;    // k steps of 64
   int col_blk;  // SDD: the output block's column
-  int value;    // SDD: the output block's index in the values
+  int value;    // SDD: the output block's index in the values (< 0: computed, not stored)
+  int col_blk2; // SDD pair tiles: the second block's column and value index
+  int value2;
 };
 
 struct GemmWork {
@@ -33,7 +34,7 @@ struct GemmWork {
   const int* blk_b;    // per listed block, B's block row (DSD: col_idx; DSD_T: the transpose's col_idx)
   const int* blk_a;    // DSD_T: per listed block of the transpose, its index in the values
   int total;           // items (of a cluster: a CTA pair runs one item, each CTA its own N tile / entry)
-  int n_items;         // schedule entries (SDD: entry pairs when the kernel runs CTA pairs)
+  int n_items;         // schedule entries (SDD: entry pairs when the kernel runs CTA pairs or pair tiles)
   int n_tiles;         // N tiles (SDD: 1); with CTA pairs, pairs of N tiles
   int strip;           // N tiles (pairs) per strip
   int steps_per_block; // k steps per listed block (DSD/DSD_T); SDD: k steps of the dense K
@@ -43,8 +44,8 @@ struct GemmWork {
   int a_rows, a_cols;  // A's TMA view (rows x cols as the descriptor has them)
   int b_k;             // B's reduction length (rows of b)
 
-  // Item w of the (cluster's) work list as CTA `rank` of the cluster runs it.
-  template <int Op, int Cluster>
+  // Item w of the (cluster's) work list as CTA `rank` of the cluster runs it; SDD: each CTA takes Pair entries.
+  template <int Op, int Cluster, int Pair = 1>
   CUTLASS_DEVICE GemmItem item(int w, int rank) const {
     GemmItem it{};
     int grid = int(gridDim.x) / Cluster;  // the persistent CTAs (clusters) walking the items
@@ -65,7 +66,7 @@ struct GemmWork {
     int wcur = min(strip, n_tiles - s * strip);
     int r = rem / wcur;
     it.nt = (s * strip + (rem - r * wcur)) * Cluster + rank;
-    int4 e = sched[Op == kOpSdd ? r * Cluster + rank : r];
+    int4 e = sched[Op == kOpSdd ? (r * Cluster + rank) * Pair : r];
     it.out_blk = e.x;
     if constexpr (Op == kOpSdd) {
       // (row, col, value, skip): value < 0 marks a pair's partner slot (computed, not stored; its row is its
@@ -73,6 +74,14 @@ struct GemmWork {
       it.nt = 0;
       it.col_blk = e.y;
       it.value = e.z;
+      if constexpr (Pair == 2) {
+        int4 e2 = sched[(r * Cluster + rank) * 2 + 1];
+        it.col_blk2 = e2.y;
+        it.value2 = e2.z;
+      } else {
+        it.col_blk2 = 0;
+        it.value2 = -1;
+      }
       it.steps = e.w ? 0 : steps_per_block;
       it.start = 0;
       it.count = 0;

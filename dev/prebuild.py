@@ -135,7 +135,7 @@ def _sampled_fwd_bwd(cfgs, dt, ot, m, k, n, b):
 
 
 def gemm_api_configs() -> list:
-    """tests/test_gemm_gpu.py (fp16 and bf16) and `bench gemm --preset headline`."""
+    """tests/test_gemm_gpu.py (fp16 and bf16) and `bench gemm` (every preset)."""
     cfgs = []
     DTYPES = (f16, b16)
     for dt in DTYPES:
@@ -167,6 +167,9 @@ def gemm_api_configs() -> list:
         _sdd(cfgs, f16, f16, 128)
     for o, i, t in ((8192, 8192, 8192),):                                    # linear layer fwd + bwd
         _matmul_fwd_bwd(cfgs, f16, f16, o, i, t, 128)
+    from blackwell_sparsek.bench.gemm import sweep                           # bench gemm --preset quick / full
+    for _, m, k, n, b, _ in sweep("full"):
+        _dsd(cfgs, f16, f16, m, k, n, b)
     return cfgs
 
 

@@ -11,7 +11,8 @@ Three products over one BSR operand (the layout's blocks are ``block_m x block_n
 
 One persistent, warp-specialized kernel (templates/include/bsk/sm90/gemm_*.hpp; docs/kernels/sm90_bsr_gemm.md):
 an output tile is one block row (``tile_m`` = the block's rows: ``block_m``, or ``block_n`` for DSD_T) by
-``tile_n`` columns (SDD: the block's columns), reduced in k steps of 64.
+``tile_n`` columns (SDD: the block's columns, or two listed blocks of the row side by side), reduced in k steps
+of 64.
 """
 from __future__ import annotations
 

@@ -190,7 +190,8 @@ def test_sdd_pair_schedule(seed):
 @pytest.mark.real_compile
 @pytest.mark.slow
 def test_real_compile_dsd_kernel(bsk_cache):
-    """The real nvcc on one DSD kernel (about 30 s): the templates compile and export the launcher ABI."""
+    """The real nvcc on a DSD kernel and an SDD kernel with the TMA-store epilogue (about 40 s): the templates
+    compile and export the launcher ABI."""
     from blackwell_sparsek.jit import compiler
     from blackwell_sparsek.errors import ToolchainError
     try:
@@ -205,6 +206,9 @@ def test_real_compile_dsd_kernel(bsk_cache):
     # the config's shared-memory model (stage counts, validation) is the kernel's SharedStorage, staging included
     kernel = kernels.build(cfg)
     assert kernel.smem_bytes == cfg.smem_bytes()
+    # the same for the TMA-store epilogue's per-warp slices, on an SDD tile of two blocks (4 stages: 230,400 bytes)
+    pair = BsrGemmConfig(op="sdd", tile_n=256, stages=4, epilogue="tma")
+    assert kernels.build(pair).smem_bytes == pair.smem_bytes()
     # another kernel's (or any other) argument struct is refused before the launcher runs
     import ctypes
 

@@ -67,7 +67,8 @@ def problems(*, op: str = "dsd", dtype=None, out_dtype=None, block_m: int = 128,
 # (+10 % on the H200, bench/results/h200/gemm_sdd_pair.txt) and take their place where their pairs fill the GPU.
 PAIR_FASTER: frozenset[Op] = frozenset({Op.SDD})
 # Ops whose TMA-store epilogue measured faster than the direct one in the same run: SDD on both GPUs (its output
-# is whole blocks). DSD/DSD_T: 3-4 % slower (the copy engine that drains the stores also loads the next tiles).
+# is whole blocks). DSD: 3-4 % slower (likely because the copy engine that drains the stores also loads the
+# next tiles).
 TMA_EPI_FASTER: frozenset[Op] = frozenset({Op.SDD})
 
 

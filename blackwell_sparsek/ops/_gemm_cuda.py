@@ -62,7 +62,7 @@ def problems(*, op: str = "dsd", dtype=None, out_dtype=None, block_m: int = 128,
 
 
 # Ops whose CTA-pair kernels (cluster 2: the A tile multicast across the pair) measured faster than the single-CTA
-# ones in the same run (dev/gemm_kernel_bench.py --schedules; bench/results/*/bsr_gemm_kernels.txt): SDD on the
+# ones in the same run (dev/gemm_kernel_bench.py --schedules; bench/results/*/gemm_sdd_pair.txt): SDD on the
 # H100 (+5 % with the TMA epilogue; on the H200 within 1 % of single CTAs). SDD tiles of two blocks beat both
 # (+10 % on the H200, bench/results/h200/gemm_sdd_pair.txt) and take their place where their pairs fill the GPU.
 PAIR_FASTER: frozenset[Op] = frozenset({Op.SDD})

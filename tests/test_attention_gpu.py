@@ -109,6 +109,23 @@ def test_persistent_ctas_walk_many_rows(name, pattern, monkeypatch):
     _check(q, k, v, layout, config=cfg, causal=causal)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("pattern", ["dense", "causal", "window", "topk_per_head", "empty_rows"])
+@pytest.mark.parametrize("ctas", [None, 3])
+def test_dual_three_streams(dtype, pattern, ctas, monkeypatch):
+    # 64x64 blocks at head_dim 64 run three 64-row streams per CTA by default: each MMA warpgroup its own rows,
+    # K/V ring, O buffer and epilogue barrier. With 3 CTAs each stream walks ~5 rows of every kind; with all SMs
+    # most get one.
+    if ctas:
+        monkeypatch.setattr(dispatch, "sm_count", lambda index: ctas)
+    Sq, Sk = 517, 1000
+    layout, causal = _patterns(Sq, Sk, 3, 64, 64)[pattern]
+    cfg = default_config(64, dtype, layout)
+    assert (cfg.schedule, cfg.streams) == (Schedule.DUAL, 3)
+    q, k, v = _qkv(2, 3, Sq, Sk, 64, dtype)
+    _check(q, k, v, layout, config=cfg, causal=causal)
+
+
 @pytest.mark.parametrize("name", sorted(NAMED))
 @pytest.mark.parametrize("growth", ["mild", "ramp", "step"])
 def test_running_max_grows_across_tiles(name, growth):

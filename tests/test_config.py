@@ -10,12 +10,14 @@ from blackwell_sparsek import AttentionConfig, Arch, DType, InvalidConfigError, 
 from blackwell_sparsek.jit.spec import KernelConfig, config_names, get_config, load_config_file, load_named_configs, resolve_config
 
 # The kernels sparse_attention picks by default: both two-warpgroup schedules at D=128 (5 stages) and D=64
-# (8 stages), and the single-warpgroup kernel at D=64, in fp16 and bf16.
+# (8 stages), the single-warpgroup kernel at D=64 and the dual kernel of 64x64 blocks (three streams at D=64), in
+# fp16 and bf16.
 REQUIRED_NAMES = {
     f"bsk_sm90a_attn_fwd_d{d}_{dt}_t128x128_{s}_s{st}_b128x128"
     for d, st in ((128, 5), (64, 8)) for dt in ("fp16", "bf16") for s in ("coop", "pp")
 } | {f"bsk_sm90a_attn_fwd_d64_{dt}_t64x128_single_s4_b128x128" for dt in ("fp16", "bf16")} | {
-    f"bsk_sm90a_attn_fwd_d{d}_{dt}_t64x64_dual_s{st}_b64x64" for d, st in ((128, 5), (64, 8)) for dt in ("fp16", "bf16")}
+    f"bsk_sm90a_attn_fwd_d{d}_{dt}_t64x64_{sc}_s{st}_b64x64" for d, sc, st in ((128, "dual", 5), (64, "dual3", 7))
+    for dt in ("fp16", "bf16")}
 
 
 def test_required_named_configs_exist_and_validate():
@@ -35,7 +37,8 @@ def test_named_config_matches_its_name(name):
     assert cfg.head_dim == int(d[1:])
     assert cfg.dtype is DType(dt)
     assert cfg.schedule is {"coop": Schedule.COOPERATIVE, "pp": Schedule.PINGPONG,
-                            "single": Schedule.SINGLE, "dual": Schedule.DUAL}[sched]
+                            "single": Schedule.SINGLE, "dual": Schedule.DUAL, "dual3": Schedule.DUAL}[sched]
+    assert cfg.streams == (3 if sched == "dual3" else 2)
     assert f"t{cfg.tile_m}x{cfg.tile_n}" == tiles and f"s{cfg.stages}" == stages
     assert f"b{cfg.block_m}x{cfg.block_n}" == blocks
     assert 2 <= cfg.stages <= 16  # tuned per head dim; the shared-memory budget below is the rule
@@ -154,15 +157,44 @@ def test_unservable_layout_blocks_raise_instead_of_running_a_wrong_kernel():
         default_config(256, torch.float16, L.dense(1000, block_m=64, block_n=64))
     cfg = default_config(128, torch.float16, L.dense(1000, block_m=128, block_n=64))
     assert (cfg.block_m, cfg.block_n, cfg.tile_n) == (128, 64, 64)
-    # 64-row blocks: the dual kernel (two 64-row streams per CTA), 128-key tiles only where they fit; the
-    # single-warpgroup kernel on request
-    for d, bn, tn in ((64, 128, 128), (64, 64, 64), (128, 128, 64), (128, 64, 64)):
+    # 64-row blocks: the dual kernel (64-row streams per CTA: three at D=64 with 64-key tiles), 128-key tiles only
+    # where they fit; the single-warpgroup kernel on request
+    for d, bn, tn, streams in ((64, 128, 128, 2), (64, 64, 64, 3), (128, 128, 64, 2), (128, 64, 64, 2)):
         lay = L.dense(1000, block_m=64, block_n=bn)
         cfg = default_config(d, torch.float16, lay)
         assert (cfg.schedule, cfg.tile_m, cfg.tile_n, cfg.block_m) == (Schedule.DUAL, 64, tn, 64)
+        assert cfg.streams == streams
         assert cfg.problems() == [] and cfg.smem_bytes() <= Arch.SM90A.facts.smem_optin
         cfg = default_config(d, torch.float16, lay, schedule="single")
         assert (cfg.schedule, cfg.tile_m, cfg.block_m) == (Schedule.SINGLE, 64, 64) and cfg.problems() == []
+
+
+def test_dual_streams_rules():
+    # streams: 2 or 3, dual schedule only; the third stream leaves 160 registers a thread (96 for accumulators:
+    # head_dim 64 with 64-key tiles) and a third of the shared memory; the field stays out of the canonical form
+    # (name, JSON) at its default
+    base = dict(schedule="dual", head_dim=64, tile_n=64, block_m=64, block_n=64, stages=7)
+    cfg = AttentionConfig(**base, streams=3)
+    assert cfg.problems() == [] and "dual3_s7" in cfg.kernel_name and cfg.to_dict()["streams"] == 3
+    assert cfg.smem_bytes() == 3 * (8192 + 7 * 8192 + 8192) + 1024
+    two = AttentionConfig(**base)
+    assert "streams" not in two.to_dict() and "_dual_s7" in two.kernel_name
+    assert AttentionConfig.from_json(cfg.to_json()) == cfg
+    for bad, match in ((dict(streams=4), "streams 4 is not supported; use 2 or 3"),
+                       (dict(streams=1), "use 2 or 3"),
+                       (dict(streams=3, stages=8), "shared memory"),
+                       (dict(streams=3, tile_n=128, block_n=128), "budget 96 with 3 streams"),
+                       (dict(streams=3, head_dim=128), "budget 96 with 3 streams.*use streams=2")):
+        with pytest.raises(InvalidConfigError, match=match):
+            AttentionConfig(**(base | bad)).validate()
+    with pytest.raises(InvalidConfigError, match="dual schedule only"):
+        AttentionConfig(schedule="pingpong", streams=3).validate()
+    with pytest.raises(InvalidConfigError, match="streams must be an int"):
+        AttentionConfig(**base, streams="3")
+    # nearest_valid keeps three streams where they fit and falls back to two where they cannot
+    assert AttentionConfig(**(base | dict(stages=9)), streams=3).nearest_valid().streams == 3
+    near = AttentionConfig(**(base | dict(head_dim=128, stages=3)), streams=3).nearest_valid()
+    assert near is not None and near.streams == 2 and near.problems() == []
 
 
 def test_default_schedule_follows_row_stats():

@@ -1,27 +1,33 @@
-"""64-row layout blocks: the dual schedule (two MMA warpgroups, each on its own 64-row block) against the
+"""64-row layout blocks: the dual schedule (two or three MMA warpgroups, each on its own 64-row block) against the
 single-warpgroup kernel and the default schedule of 128-row blocks, same run, interleaved rounds.
 
     python -m blackwell_sparsek.bench.blocks64 [--rounds 3] [--json PATH]   # on the GPU
     python -m blackwell_sparsek.bench.blocks64 --configs                      # the configs it runs, as JSON lines
 
-Cases (issue 29): random key blocks per head at 25 % and 12.5 % of 2x16x8192 (D=128) and 25 % at D=64, bf16,
-with 64x64, 64x128 and 128x64 blocks. Effective TFLOPS = 4·D·bm·bn per listed block (the same count as every
+Cases (issue 29): random key blocks per head at 25 % and 12.5 % of 2x16x8192, D=128 and 64, bf16, with 64x64,
+64x128 and 128x64 blocks; at D=64 two streams against the default three. Effective TFLOPS = 4·D·bm·bn per listed block (the same count as every
 other bench here), do_bench medians after warm-up; each kernel's output is checked against SDPA with the layout's
 element mask on one head first.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 import json
 import statistics
 import sys
 
-# (name, (B, H, S, D), (block_m, block_n), density, schedules to time)
+# (name, (B, H, S, D), (block_m, block_n), density, schedules to time). "dual" is the default dual config (three
+# streams at D=64 with 64x64 blocks); "dualN[sM]": N streams (64-key tiles for 3) and M stages, as deep as the
+# shared memory allows without sM.
 CASES = [
     ("64x64 topk25% D128", (2, 16, 8192, 128), (64, 64), 0.25, ("dual", "single")),
     ("64x64 topk12.5% D128", (2, 16, 8192, 128), (64, 64), 0.125, ("dual", "single")),
-    ("64x64 topk25% D64", (2, 16, 8192, 64), (64, 64), 0.25, ("dual", "single")),
+    ("64x64 topk25% D64", (2, 16, 8192, 64), (64, 64), 0.25, ("dual", "dual2s8", "single")),
+    ("64x64 topk12.5% D64", (2, 16, 8192, 64), (64, 64), 0.125, ("dual", "dual2s8")),
     ("64x128 topk25% D128", (2, 16, 8192, 128), (64, 128), 0.25, ("dual", "single")),
+    ("64x128 topk25% D64", (2, 16, 8192, 64), (64, 128), 0.25, ("dual", "dual3")),
     ("128x64 topk25% D128", (2, 16, 8192, 128), (128, 64), 0.25, ("dual", None)),
 ]
 DTYPE = "bf16"
@@ -43,6 +49,16 @@ def _configs(d, bm, bn, scheds, layout=None):
         if layout is None:
             from ..layout import BlockSparseLayout as L
             layout = L.dense(1024, block_m=bm, block_n=bn)
+        m = re.fullmatch(r"dual(\d)(?:s(\d+))?", sc or "")
+        if m:
+            cfg = dataclasses.replace(default_config(d, torch.bfloat16, layout, schedule="dual"),
+                                      streams=int(m[1]), stages=int(m[2] or 16))
+            if cfg.streams == 3:
+                cfg = dataclasses.replace(cfg, tile_n=64)
+            while cfg.problems() and cfg.stages > 2:
+                cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+            out.append((sc, cfg.validate()))
+            continue
         out.append((sc or "default", default_config(d, torch.bfloat16, layout, schedule=sc)))
     return out
 
@@ -56,7 +72,7 @@ def print_configs() -> None:
                 print(cfg.to_json().replace("\n", ""))
 
 
-def run(rounds: int) -> list[dict]:
+def run(rounds: int, only: str | None = None, schedules: list[str] | None = None) -> list[dict]:
     import torch
     import torch.nn.functional as F
     import triton.testing
@@ -65,6 +81,9 @@ def run(rounds: int) -> list[dict]:
     dt = torch.bfloat16
     prepared = []
     for name, (b, h, s, d), (bm, bn), dens, scheds in CASES:
+        if only and only not in name:
+            continue
+        scheds = [sc for sc in scheds if not schedules or (sc or "default") in schedules]
         lay = _layout(s, bm, bn, dens, h)
         g = torch.Generator(device="cuda").manual_seed(7)
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt, generator=g) for _ in range(3))
@@ -96,12 +115,14 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
     ap.add_argument("--configs", action="store_true")
+    ap.add_argument("--only", default=None, help="cases whose name contains this")
+    ap.add_argument("--schedules", default=None, help="comma-separated schedules to time (default: all)")
     a = ap.parse_args(argv)
     if a.configs:
         print_configs()
         return
     import torch
-    rows = run(a.rounds)
+    rows = run(a.rounds, a.only, a.schedules.split(",") if a.schedules else None)
     gpu = torch.cuda.get_device_name()
     print(f"GPU: {gpu}")
     print("| case | schedule | kernel | rel err vs SDPA | effective TFLOPS (median of rounds) |")

@@ -18,7 +18,7 @@ class Schedule(enum.Enum):
     COOPERATIVE = "cooperative"   # both MMA warpgroups split one M tile; one CTA per tile
     PINGPONG = "pingpong"         # persistent CTAs, Q loaded by its own warp, warpgroups staggered
     SINGLE = "single"             # one 64-row MMA warpgroup per CTA that issues its own TMA loads; 2-3 CTAs per SM
-    DUAL = "dual"                 # persistent CTAs of two MMA warpgroups, each on its own 64-row tile and K/V ring
+    DUAL = "dual"                 # persistent CTAs of 2-3 MMA warpgroups, each on its own 64-row tile and K/V ring
 
     @property
     def tile_m(self) -> int:
@@ -36,6 +36,9 @@ HEAD_DIMS = (64, 128, 256)  # head dims the kernels are built for
 # Registers one consumer thread may spend on accumulators (QK fp32, P as 16-bit operand, O fp32); the rest of
 # the 240 a consumer warpgroup gets after setmaxnreg go to addresses, softmax state and temporaries.
 _CONSUMER_ACC_REG_BUDGET = 176
+# The dual schedule's third stream leaves each MMA warpgroup 160 registers a thread (kernel_dual.hpp): the
+# same 64 for the rest leave 96 for accumulators, head_dim 64's 64-key tiles (80).
+_CONSUMER_ACC_REG_BUDGET_3 = 96
 
 
 @register
@@ -53,6 +56,7 @@ class AttentionConfig(KernelConfig):
     block_n: int = 128
     arch: Arch = Arch.SM90A
     split_kv: bool = False  # pieces of long rows to a workspace + combine (layout.split_plan(); 128-row tiles)
+    streams: int = 2  # dual schedule: 64-row streams (MMA warpgroups) per CTA, 2 or 3
 
     family: ClassVar[str] = "attn_fwd"
     template: ClassVar[str] = "attn_fwd.cu.j2"
@@ -83,15 +87,19 @@ class AttentionConfig(KernelConfig):
             object.__setattr__(self, "tile_m", self.schedule.tile_m)
 
     def to_dict(self) -> dict[str, Any]:
-        """The canonical form; split_kv only when set, so the configs made before it existed keep their JSON,
-        names and cache keys."""
+        """The canonical form; split_kv only when set and streams only when not 2, so the configs made before
+        they existed keep their JSON and names."""
         d = super().to_dict()
         if not self.split_kv:
             del d["split_kv"]
+        if self.streams == 2:
+            del d["streams"]
         return d
 
     def name_facts(self) -> str:
         sched = {"COOPERATIVE": "coop", "PINGPONG": "pp", "SINGLE": "single", "DUAL": "dual"}[self.schedule.name]
+        if self.streams != 2:
+            sched += str(self.streams)
         return (f"d{self.head_dim}_{self.dtype.value}_t{self.tile_m}x{self.tile_n}_{sched}_s{self.stages}"
                 f"_b{self.block_m}x{self.block_n}" + ("_split" if self.split_kv else ""))
 
@@ -108,9 +116,9 @@ class AttentionConfig(KernelConfig):
         q = self.q_stages * 64 * self.head_dim * e
         kv = self.stages * self.tile_n * self.head_dim * e
         if self.schedule is Schedule.DUAL:
-            # two streams, each Q slot, K/V ring and O buffer (BsrKernelDual::StreamTensors, 1024-aligned), and
+            # per stream its Q slot, K/V ring and O buffer (BsrKernelDual::StreamTensors, 1024-aligned), and
             # the barriers
-            return 2 * -(-(q + kv + 64 * self.head_dim * e) // 1024) * 1024 + 1024
+            return self.streams * -(-(q + kv + 64 * self.head_dim * e) // 1024) * 1024 + 1024
         # O staging, one 64-row buffer per warpgroup: beside the mainloop when persistent, else over Q's slots
         epi = self.q_stages * 64 * self.head_dim * e if self.schedule is Schedule.PINGPONG else 0
         return q + kv + epi + 1024
@@ -144,6 +152,10 @@ class AttentionConfig(KernelConfig):
         if self.schedule is Schedule.SINGLE and (self.stages % 2 or self.stages < 4):
             p.append(f"stages {self.stages}: the single schedule needs an even count >= 4 (K and V of "
                      f"stages/2 tiles in flight)")
+        if self.streams not in (2, 3):
+            p.append(f"streams {self.streams} is not supported; use 2 or 3 (64-row streams of a dual CTA)")
+        elif self.streams != 2 and self.schedule is not Schedule.DUAL:
+            p.append(f"streams={self.streams} applies to the dual schedule only; set schedule='dual' or streams=2")
         if self.split_kv and self.schedule not in (Schedule.COOPERATIVE, Schedule.PINGPONG):
             p.append(f"split_kv runs on the two-warpgroup schedules (cooperative, pingpong), not "
                      f"{self.schedule.value}; set split_kv=False or schedule='cooperative'")
@@ -163,9 +175,12 @@ class AttentionConfig(KernelConfig):
                 p.append(f"{name} {block} must be a multiple of {tname} {tile} between {tile} and {MAX_BLOCK} "
                          f"(rows/columns of one layout block)")
         if not p:
-            if self.acc_registers() > _CONSUMER_ACC_REG_BUDGET:
+            budget = _CONSUMER_ACC_REG_BUDGET_3 if self.streams == 3 else _CONSUMER_ACC_REG_BUDGET
+            if self.acc_registers() > budget:
+                fix = "use streams=2" if self.streams == 3 and self.tile_n == 64 else "use tile_n=64"
                 p.append(f"tile_n {self.tile_n} with head_dim {self.head_dim} needs {self.acc_registers()} "
-                         f"accumulator registers per thread (budget {_CONSUMER_ACC_REG_BUDGET}); use tile_n=64")
+                         f"accumulator registers per thread (budget {budget}"
+                         f"{' with 3 streams' if self.streams == 3 else ''}); {fix}")
             single = self.schedule is Schedule.SINGLE
             too_big = self.ctas_per_sm < 2 if single else self.smem_bytes() > self.arch.facts.smem_optin
             if too_big:
@@ -184,9 +199,12 @@ class AttentionConfig(KernelConfig):
         st = min(max(self.stages, 4 if single else 2), 16)
         cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=tm, tile_n=tn,
                                    block_m=bm, block_n=bn, stages=st - st % 2 if single else st,
-                                   split_kv=self.split_kv and self.schedule in (Schedule.COOPERATIVE, Schedule.PINGPONG))
+                                   split_kv=self.split_kv and self.schedule in (Schedule.COOPERATIVE, Schedule.PINGPONG),
+                                   streams=self.streams if self.schedule is Schedule.DUAL and self.streams in (2, 3) else 2)
         while cand.stages > (4 if single else 2) and cand.problems():
             cand = dataclasses.replace(cand, stages=cand.stages - (2 if single else 1))
+        if cand.problems() and cand.streams == 3:  # no third stream fits: two
+            return dataclasses.replace(self, streams=2).nearest_valid()
         return None if cand.problems() else cand
 
     def template_vars(self) -> dict[str, Any]:
@@ -203,6 +221,7 @@ class AttentionConfig(KernelConfig):
             "ctas_per_sm": self.ctas_per_sm,
             "schedule": self.schedule.value,
             "dual": self.schedule is Schedule.DUAL,
+            "streams": self.streams,
             "split_kv": self.split_kv,
         }
 

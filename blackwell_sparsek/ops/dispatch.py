@@ -14,8 +14,10 @@ from ._checks import DTYPES as _DTYPES, as_dtype, check_head_dim, check_layout_a
 
 # Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
 _DEFAULT_STAGES = {64: 8, 128: 5, 256: 4}
-# The dual schedule's K/V ring per stream, by (head_dim, tile_n): two rings, Q slots and O buffers in one CTA.
-_DUAL_STAGES = {(64, 64): 8, (64, 128): 6, (128, 64): 5}
+# The dual schedule's streams and K/V ring per stream, by (head_dim, tile_n): that many rings, Q slots and O
+# buffers in one CTA. Three streams at head_dim 64 with 64-key tiles (64x64 blocks, 25 %: +9-11 % over two, H200,
+# bench/results/h200/blocks64.txt); 64x128 blocks keep two streams of 128-key tiles (three of 64-key tiles tie).
+_DUAL = {(64, 64): (3, 7), (64, 128): (2, 6), (128, 64): (2, 5)}
 # When one CTA per tile in heaviest-first order (cooperative: the hardware hands tiles to free SMs) beats
 # persistent ping-pong CTAs (a static round-robin of the same order), from layout.row_stats() = (mean blocks per
 # row, coefficient of variation, fraction of rows shorter than the longest). Fitted to same-run measurements of
@@ -120,10 +122,11 @@ def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedu
     # (likewise two K/V rings in one CTA for the dual schedule)
     tile_n = 128 if bn % 128 == 0 and head_dim <= (64 if single or schedule is Schedule.DUAL else 128) else 64
     stages = 4 if single else _DEFAULT_STAGES.get(head_dim, 2)
+    streams = 2
     if schedule is Schedule.DUAL:
-        stages = _DUAL_STAGES.get((head_dim, tile_n), 2)
+        streams, stages = _DUAL.get((head_dim, tile_n), (2, 2))
     cfg = AttentionConfig(head_dim=head_dim, dtype=dt, schedule=schedule, tile_m=schedule.tile_m,
-                          tile_n=tile_n, stages=stages, block_m=bm, block_n=bn)
+                          tile_n=tile_n, stages=stages, block_m=bm, block_n=bn, streams=streams)
     if cfg.problems():
         near = cfg.nearest_valid()
         if near is None or (near.block_m, near.block_n) != (bm, bn):

@@ -17,11 +17,11 @@
 namespace bsk {
 
 // TileM 128: two MMA warpgroups and a producer warp (cooperative, or persistent ping-pong); TileM 64: one
-// warpgroup per CTA that loads for itself (BsrMainloopSingle), or (Dual) two independent 64-row streams per
+// warpgroup per CTA that loads for itself (BsrMainloopSingle), or (Dual) Streams independent 64-row streams per
 // persistent CTA (BsrKernelDual). SplitKV (two-warpgroup shells only): pieces of long rows write to a workspace,
 // which a second kernel, launched right after, merges into O and LSE (split_kv.hpp).
 template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
-          bool Persistent, int CtasPerSm, bool Dual = false, bool SplitKV = false>
+          bool Persistent, int CtasPerSm, bool Dual = false, bool SplitKV = false, int Streams = 2>
 struct AttnFwdTraits {
   static_assert(!Dual || (TileM == 64 && QStages == 1), "dual: one 64-row tile and one Q slot per stream");
   static_assert(!SplitKV || (TileM == 128 && !Dual), "split-KV: the two-warpgroup shells");
@@ -29,13 +29,14 @@ struct AttnFwdTraits {
   using Scheduler = std::conditional_t<SplitKV, BsrSplitTileScheduler, BsrTileScheduler>;
   static constexpr bool kSingle = TileM == 64 && !Dual;
   static constexpr bool kDual = Dual;
+  static constexpr int kStreams = Streams;
   using Mainloop = std::conditional_t<
       kSingle, BsrMainloopSingle<Element, HeadDim, TileN, Stages, BlockM, BlockN>,
       BsrMainloop<Element, HeadDim, TileM, TileN, Stages, QStages, BlockM, BlockN, Persistent || Dual, Dual>>;
   using Epilogue = std::conditional_t<SplitKV, BsrSplitEpilogue<Element, HeadDim, BlockM>, BsrEpilogue<Element, HeadDim>>;
   using Kernel = std::conditional_t<
       kSingle, BsrKernelSingle<Mainloop, Epilogue, CtasPerSm>,
-      std::conditional_t<Dual, BsrKernelDual<Mainloop, Epilogue>, std::conditional_t<
+      std::conditional_t<Dual, BsrKernelDual<Mainloop, Epilogue, Streams>, std::conditional_t<
           Persistent,
           fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, Scheduler,
                                                fmha_k::Option<fmha_k::Tag::kLoadsQSeparately, cute::true_type>>,
@@ -133,9 +134,10 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
                              reinterpret_cast<const int4*>(a.row_sched), Traits::kPersistent, a.sm_count, a.rank_major,
                              group)};
   if constexpr (Traits::kDual) {
-    // persistent: one CTA per SM at most, two tiles (streams) per CTA at a time
+    // persistent: one CTA per SM at most, kStreams tiles (streams) per CTA at a time
     int sms = a.sm_count > 0 ? a.sm_count : 132;
-    params.tile_scheduler.grid = std::min((params.tile_scheduler.num_tiles + 1) / 2, sms);
+    int s = Traits::kStreams;
+    params.tile_scheduler.grid = std::min((params.tile_scheduler.num_tiles + s - 1) / s, sms);
   }
 
   int smem = int(Named::SharedStorageSize);

@@ -25,8 +25,9 @@ namespace fmha_c = cutlass::fmha::collective;
 namespace fmha_k = cutlass::fmha::kernel;
 
 // Named barriers, as CUTLASS user ids (NamedBarrier::sync/arrive add the reserved count; hardware has 16):
-// the epilogue's per-warpgroup syncs (two ids), the softmax turns of the two MMA warpgroups (two ids).
-enum : uint32_t { kBarEpilogue = 0, kBarSoftmaxTurn = 2 };
+// the epilogue's per-warpgroup syncs (one id per warpgroup of the CTA: four), the softmax turns of the two MMA
+// warpgroups (two ids).
+enum : uint32_t { kBarEpilogue = 0, kBarSoftmaxTurn = 4 };
 
 // Q K V O, (S D (B H)): sequence stride, unit head-dim stride, (batch, head) strides, in elements. 64-bit: a
 // (1, 16, 1M, 128) tensor's batch stride is 2^31. Only the host reads them (into TMA descriptors, which take

@@ -80,7 +80,7 @@ struct BsrEpilogue {
     Tensor tOrO = make_fragment_like<Element>(acc);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(acc); ++i) tOrO(i) = static_cast<Element>(acc(i));
-    int barrier_id = kBarEpilogue + (thread_idx / cutlass::NumThreadsPerWarpGroup) % 2;
+    int barrier_id = kBarEpilogue + thread_idx / cutlass::NumThreadsPerWarpGroup;  // the warpgroup's own
     bool leader = wg_thread == 0;
     if (leader) tma_store_wait<0>();
     cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, barrier_id);

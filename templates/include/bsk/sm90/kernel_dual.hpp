@@ -1,4 +1,4 @@
-// Kernel shell of the 'dual' schedule: two independent 64-row streams per persistent CTA. Example 88's shells
+// Kernel shell of the 'dual' schedule: two (or three) independent 64-row streams per persistent CTA. Example 88's shells
 // give both MMA warpgroups one query tile (one K/V stream, shared); with 64-row layout blocks the two 64-row
 // halves of a 128-row tile have different rows of the layout, so each warpgroup gets its own tile, its own
 // producer warp, Q slot, K/V ring and O buffer. Ours.
@@ -9,29 +9,33 @@
 
 namespace bsk {
 
-// The tile order of BsrTileScheduler, dealt to 2 x gridDim.x streams: stream s of CTA c takes tiles
-// 2c + s, 2c + s + 2 * gridDim.x, ... (neighbouring tiles, hence the same head's K/V, run side by side).
+// The tile order of BsrTileScheduler, dealt to Streams x gridDim.x streams: stream s of CTA c takes tiles
+// Streams * c + s, Streams * c + s + Streams * gridDim.x, ... (neighbouring tiles, hence the same head's K/V, run
+// side by side).
+template <int Streams>
 struct BsrDualScheduler : BsrTileScheduler {
   CUTLASS_DEVICE BsrDualScheduler(Params const& p, int stream) : BsrTileScheduler(p) {
-    idx = 2 * int(blockIdx.x) + stream;
+    idx = Streams * int(blockIdx.x) + stream;
   }
   CUTLASS_DEVICE BsrDualScheduler& operator++() {
-    idx += 2 * int(gridDim.x);
+    idx += Streams * int(gridDim.x);
     return *this;
   }
 };
 
-// 384 threads: warpgroup 0 holds the producer warps (warp s loads stream s: Q, then the K/V tiles of its rows;
-// warps 2-3 idle) at 24 registers, warpgroups 1 and 2 are the MMA warpgroups of streams 0 and 1 at 240. A
-// stream's pipelines run across its rows, so the next row's first K/V loads go out while this row finishes.
-template <class Mainloop, class Epilogue>
+// (Streams + 1) x 128 threads: warpgroup 0 holds the producer warps (warp s loads stream s: Q, then the K/V tiles
+// of its rows; the other warps idle) at 24 registers, warpgroup 1 + s is the MMA warpgroup of stream s with the
+// rest of the register file (240 a thread for two streams, 160 for three). A stream's pipelines run across its
+// rows, so the next row's first K/V loads go out while this row finishes.
+template <class Mainloop, class Epilogue, int Streams = 2>
 struct BsrKernelDual {
   using Element = typename Mainloop::Element;
   using MainloopPipeline = typename Mainloop::MainloopPipeline;
   using MainloopPipelineQ = typename Mainloop::MainloopPipelineQ;
   using PipelineState = typename Mainloop::PipelineState;
   using PipelineStateQ = typename Mainloop::PipelineStateQ;
-  static constexpr int kStreams = 2;
+  static constexpr int kStreams = Streams;
+  static_assert(Streams == 2 || Streams == 3, "two or three streams (one producer warp each)");
 
   struct alignas(1024) StreamTensors {  // swizzled tiles: every stream's start 1024-byte aligned
     typename Mainloop::SharedStorage mainloop;
@@ -46,11 +50,12 @@ struct BsrKernelDual {
     StreamPipes pipes[kStreams];
   };
   static constexpr int SharedStorageSize = sizeof(SharedStorage);
-  static const int MaxThreadsPerBlock = 3 * cutlass::NumThreadsPerWarpGroup;
+  static const int MaxThreadsPerBlock = (Streams + 1) * cutlass::NumThreadsPerWarpGroup;
   static const int MinBlocksPerMultiprocessor = 1;
   using ArchTag = cutlass::arch::Sm90;
   static constexpr uint32_t kLoadRegisters = 24;
-  static constexpr uint32_t kMmaRegisters = 240;  // 128 x 24 + 256 x 240 <= 64K
+  // 128 x 24 + Streams x 128 x kMmaRegisters <= 64K, a multiple of 8
+  static constexpr uint32_t kMmaRegisters = Streams == 2 ? 240 : 160;
 
   struct Params {
     ProblemShape problem_size;
@@ -59,7 +64,7 @@ struct BsrKernelDual {
     typename BsrTileScheduler::Params tile_scheduler;
   };
 
-  // The mainloop's hooks for example 88's warpgroup order barrier and load-warp handshake: unused here (the two
+  // The mainloop's hooks for example 88's warpgroup order barrier and load-warp handshake: unused here (the
   // warpgroups walk different rows, so no step of one may wait for the other).
   struct NoBarrier {
     CUTLASS_DEVICE void wait() {}
@@ -78,11 +83,11 @@ struct BsrKernelDual {
     }
     bool producer = wg == 0;
     int stream = producer ? warp_idx : wg - 1;
-    bool active = stream < kStreams;  // producer warps 2-3 have no stream
+    bool active = stream < kStreams;  // producer warps past the streams have none
     int s = active ? stream : 0;
 
-    // Each stream's barriers are initialized by its own producer warp (initializing_warp = s); an idle warp
-    // (index 2, 3) initializes nothing.
+    // Each stream's barriers are initialized by its own producer warp (initializing_warp = s); an idle producer
+    // warp initializes nothing.
     using Cat = typename MainloopPipeline::ThreadCategory;
     using CatQ = typename MainloopPipelineQ::ThreadCategory;
     typename MainloopPipelineQ::Params pq;
@@ -101,7 +106,7 @@ struct BsrKernelDual {
     MainloopPipeline pipeline(storage.pipes[s].kv, pkv, Shape<_1, _1, _1>{});
     __syncthreads();  // barrier init visible to the whole CTA
 
-    BsrDualScheduler scheduler{params.tile_scheduler, s};
+    BsrDualScheduler<Streams> scheduler{params.tile_scheduler, s};
     Mainloop mainloop;
     NoBarrier no_barrier;
     if (producer) {

@@ -5,9 +5,9 @@ single-warpgroup kernel and the default schedule of 128-row blocks, same run, in
     python -m blackwell_sparsek.bench.blocks64 --configs                      # the configs it runs, as JSON lines
 
 Cases (issue 29): random key blocks per head at 25 % and 12.5 % of 2x16x8192, D=128 and 64, bf16, with 64x64,
-64x128 and 128x64 blocks; at D=64 two streams against the default three. Effective TFLOPS = 4·D·bm·bn per listed block (the same count as every
-other bench here), do_bench medians after warm-up; each kernel's output is checked against SDPA with the layout's
-element mask on one head first.
+64x128 and 128x64 blocks; at D=64 two streams against the default three. Effective TFLOPS = 4·D·bm·bn per listed
+block (the same count as every other bench here), do_bench medians after warm-up; each kernel's output is checked
+against SDPA with the layout's element mask on one head first.
 """
 from __future__ import annotations
 

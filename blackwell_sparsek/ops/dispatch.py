@@ -15,8 +15,9 @@ from ._checks import DTYPES as _DTYPES, as_dtype, check_head_dim, check_layout_a
 # Stages of the K/V ring by head dim: as deep as the shared memory allows (see AttentionConfig.smem_bytes).
 _DEFAULT_STAGES = {64: 8, 128: 5, 256: 4}
 # The dual schedule's streams and K/V ring per stream, by (head_dim, tile_n): that many rings, Q slots and O
-# buffers in one CTA. Three streams at head_dim 64 with 64-key tiles (64x64 blocks, 25 %: +9-11 % over two, H200,
-# bench/results/h200/blocks64.txt); 64x128 blocks keep two streams of 128-key tiles (three of 64-key tiles tie).
+# buffers in one CTA. Three streams at head_dim 64 with 64-key tiles (64x64 blocks, 25 %: +12 % over two on H100
+# and H200, bench/results/*/blocks64.txt); 64x128 blocks keep two streams of 128-key tiles (three of 64-key tiles
+# tie or lose).
 _DUAL = {(64, 64): (3, 7), (64, 128): (2, 6), (128, 64): (2, 5)}
 # When one CTA per tile in heaviest-first order (cooperative: the hardware hands tiles to free SMs) beats
 # persistent ping-pong CTAs (a static round-robin of the same order), from layout.row_stats() = (mean blocks per
@@ -33,9 +34,9 @@ LONG_ROWS_D64 = 48
 
 def default_schedule(head_dim: int, block_m: int, stats: tuple[float, float, float], split: bool = False
                      ) -> Schedule:
-    """The schedule sparse_attention picks: for 64-row blocks the dual kernel (two MMA warpgroups, each on its own
-    64-row block) up to head_dim 128, the single-warpgroup one at 256 (the dual kernel's two K/V rings do not fit);
-    cooperative at head_dim 256 and where the rows' statistics say so (above), ping-pong otherwise. ``split``: the
+    """The schedule sparse_attention picks: for 64-row blocks the dual kernel (two or three MMA warpgroups, each
+    on its own 64-row block) up to head_dim 128, the single-warpgroup one at 256 (the dual kernel's two K/V rings
+    do not fit); cooperative at head_dim 256 and where the rows' statistics say so (above), ping-pong otherwise. ``split``: the
     layout runs split-KV, whose pieces remove the long rows that made the spread (cv) high, so the spread no longer
     decides (split rows of global tokens at D=64: ping-pong 14 % ahead of cooperative, same run)."""
     if block_m % 128:

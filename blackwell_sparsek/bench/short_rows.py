@@ -13,6 +13,7 @@ one head first.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from .report import finish_rows
@@ -32,6 +33,11 @@ def _configs(d: int, k: int):
         cfg = default_config(d, torch.float16, lay, schedule=s)
         if cfg != default:
             out[s.value] = cfg
+    if d == 64:  # the dual schedule's three streams of 64-key tiles
+        cfg = dataclasses.replace(default_config(d, torch.float16, lay, schedule=Schedule.DUAL), streams=3,
+                                  tile_n=64, stages=7)
+        if cfg != default:
+            out["dual3"] = cfg
     return lay, out
 
 

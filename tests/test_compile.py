@@ -309,3 +309,16 @@ def test_real_compile_sm90a_kernel(bsk_cache):
     assert not unique, unique
     print(f"\n{cfg.kernel_name}: compiled in {e.meta['build_seconds']:.1f}s, "
           f"{e.so_path.stat().st_size / 1e6:.2f} MB ({os.cpu_count()} CPUs)")
+
+
+@pytest.mark.real_compile
+@pytest.mark.slow
+def test_real_compile_dual_three_streams(bsk_cache):
+    """The dual shell with three streams (512 threads, 160 registers a consumer): it compiles, and the config's
+    shared-memory model (three 1024-aligned stream slices plus barriers) holds the compiled SharedStorage."""
+    _require_toolchain()
+    cfg = get_config("bsk_sm90a_attn_fwd_d64_fp16_t64x64_dual3_s7_b64x64")
+    assert cfg.streams == 3
+    e = kernels.ensure_built(cfg)
+    _assert_fresh_kernel_artifact(cfg, e)
+    assert cfg.smem_bytes() - 1024 < kernels.build(cfg).smem_bytes <= cfg.smem_bytes()

@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any, ClassVar
 
 from ..errors import InvalidConfigError
-from ..jit.spec import Arch, DType, KernelConfig, enum_from, register
+from ..jit.spec import Arch, DType, KernelConfig, abi_strides, enum_from, register
 
 # Queries per inner step and keys per CTA: example 88's backward tile (64, 128, D), two warpgroups of 64 keys.
 TILE_M = 64
@@ -52,16 +52,7 @@ class AttnBwdConfig(KernelConfig):
         ("t_rank", "const int*"), ("dq_sem", "int*"),
         ("batch", "int"), ("heads", "int"), ("heads_kv", "int"),
         ("seq_q", "int"), ("seq_k", "int"), ("head_dim", "int"),
-        ("q_stride_b", "long long"), ("q_stride_h", "long long"), ("q_stride_s", "long long"),
-        ("k_stride_b", "long long"), ("k_stride_h", "long long"), ("k_stride_s", "long long"),
-        ("v_stride_b", "long long"), ("v_stride_h", "long long"), ("v_stride_s", "long long"),
-        ("o_stride_b", "long long"), ("o_stride_h", "long long"), ("o_stride_s", "long long"),
-        ("do_stride_b", "long long"), ("do_stride_h", "long long"), ("do_stride_s", "long long"),
-        ("dq_stride_b", "long long"), ("dq_stride_h", "long long"), ("dq_stride_s", "long long"),
-        ("dk_stride_b", "long long"), ("dk_stride_h", "long long"), ("dk_stride_s", "long long"),
-        ("dv_stride_b", "long long"), ("dv_stride_h", "long long"), ("dv_stride_s", "long long"),
-        ("lse_stride_b", "long long"), ("lse_stride_h", "long long"),
-        ("ws_stride_b", "long long"), ("ws_stride_h", "long long"),
+        *abi_strides(("q", "k", "v", "o", "do", "dq", "dk", "dv")), *abi_strides(("lse", "ws"), "bh"),
         ("layout_heads", "int"), ("n_kblocks", "int"), ("col_stride", "int"),
         ("window_left", "int"), ("window_right", "int"), ("head_group", "int"),
         ("scale", "float"),

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..jit.spec import Arch, DType, KernelConfig, register
+from ..jit.spec import Arch, DType, KernelConfig, abi_strides, register
 
 class Schedule(enum.Enum):
     COOPERATIVE = "cooperative"   # both MMA warpgroups split one M tile; one CTA per tile
@@ -67,11 +67,7 @@ class AttentionConfig(KernelConfig):
         ("col_idx", "const int*"), ("block_kind", "const unsigned char*"), ("row_sched", "const int*"),
         ("batch", "int"), ("heads", "int"), ("heads_kv", "int"),
         ("seq_q", "int"), ("seq_k", "int"), ("head_dim", "int"),
-        ("q_stride_b", "long long"), ("q_stride_h", "long long"), ("q_stride_s", "long long"),
-        ("k_stride_b", "long long"), ("k_stride_h", "long long"), ("k_stride_s", "long long"),
-        ("v_stride_b", "long long"), ("v_stride_h", "long long"), ("v_stride_s", "long long"),
-        ("o_stride_b", "long long"), ("o_stride_h", "long long"), ("o_stride_s", "long long"),
-        ("lse_stride_b", "long long"), ("lse_stride_h", "long long"),
+        *abi_strides(("q", "k", "v", "o")), *abi_strides(("lse",), "bh"),
         ("layout_heads", "int"), ("n_qblocks", "int"), ("n_kblocks", "int"),
         ("col_stride", "int"),
         ("window_left", "int"), ("window_right", "int"),

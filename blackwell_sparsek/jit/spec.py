@@ -222,6 +222,12 @@ FAMILIES: dict[str, type[KernelConfig]] = {}
 DEFAULT_FAMILY = "attn_fwd"
 
 
+def abi_strides(tensors: tuple[str, ...], dims: str = "bhs") -> tuple[tuple[str, str], ...]:
+    """Launcher ABI fields for the element strides of tensors, 64-bit: ``<tensor>_stride_<dim>`` for each dim
+    (batch, head, sequence), in that order, as the ops' launch_args fill them."""
+    return tuple((f"{t}_stride_{d}", "long long") for t in tensors for d in dims)
+
+
 def register(cls: type[KernelConfig]) -> type[KernelConfig]:
     """Class decorator: make ``cls`` the config type of family ``cls.family``."""
     if not cls.family or not cls.template:

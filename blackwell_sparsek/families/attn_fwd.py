@@ -193,10 +193,11 @@ class AttentionConfig(KernelConfig):
         bn = min(MAX_BLOCK, max(tn, (self.block_n + tn - 1) // tn * tn))
         single = self.schedule is Schedule.SINGLE
         st = min(max(self.stages, 4 if single else 2), 16)
+        two_wg = self.schedule in (Schedule.COOPERATIVE, Schedule.PINGPONG)
+        dual3 = self.schedule is Schedule.DUAL and self.streams == 3
         cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=tm, tile_n=tn,
                                    block_m=bm, block_n=bn, stages=st - st % 2 if single else st,
-                                   split_kv=self.split_kv and self.schedule in (Schedule.COOPERATIVE, Schedule.PINGPONG),
-                                   streams=self.streams if self.schedule is Schedule.DUAL and self.streams in (2, 3) else 2)
+                                   split_kv=self.split_kv and two_wg, streams=3 if dual3 else 2)
         while cand.stages > (4 if single else 2) and cand.problems():
             cand = dataclasses.replace(cand, stages=cand.stages - (2 if single else 1))
         if cand.problems() and cand.streams == 3:  # no third stream fits: two

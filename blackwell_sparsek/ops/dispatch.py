@@ -36,9 +36,10 @@ def default_schedule(head_dim: int, block_m: int, stats: tuple[float, float, flo
                      ) -> Schedule:
     """The schedule sparse_attention picks: for 64-row blocks the dual kernel (two or three MMA warpgroups, each
     on its own 64-row block) up to head_dim 128, the single-warpgroup one at 256 (the dual kernel's two K/V rings
-    do not fit); cooperative at head_dim 256 and where the rows' statistics say so (above), ping-pong otherwise. ``split``: the
-    layout runs split-KV, whose pieces remove the long rows that made the spread (cv) high, so the spread no longer
-    decides (split rows of global tokens at D=64: ping-pong 14 % ahead of cooperative, same run)."""
+    do not fit); cooperative at head_dim 256 and where the rows' statistics say so (above), ping-pong otherwise.
+    ``split``: the layout runs split-KV, whose pieces remove the long rows that made the spread (cv) high, so the
+    spread no longer decides (split rows of global tokens at D=64: ping-pong 14 % ahead of cooperative, same
+    run)."""
     if block_m % 128:
         return Schedule.DUAL if head_dim <= 128 else Schedule.SINGLE
     mean, cv, short = stats

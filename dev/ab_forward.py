@@ -1,11 +1,12 @@
 """Same-run A/B of the forward kernels of several source trees (e.g. main before and after a change), in
 alternating processes (two builds of one kernel name cannot share a process), do_bench medians, effective TFLOPS.
 
-    python dev/ab_forward.py TREE[=CACHE] TREE[=CACHE] ... [--rounds 3]
+    python dev/ab_forward.py TREE[=CACHE][@FLAGS] TREE[=CACHE][@FLAGS] ... [--rounds 3] [--cases SUBSTR]
 
-Each tree runs with its own kernel cache (CACHE, default <tree>/.bskcache). A child (``--child``) imports the
-package of the tree it runs in and prints one JSON line of timings; the parent alternates the trees round by round
-and prints the median per case and each tree's ratio to the first.
+Each tree runs with its own kernel cache (CACHE, default <tree>/.bskcache) and, after '@', its own BSK_NVCC_FLAGS
+(a measurement build, e.g. '.@-DBSK_EXP_POLY_EVERY=8'). A child (``--child``) imports the package of the tree it
+runs in and prints one JSON line of timings; the parent alternates the trees round by round and prints the median
+per case and each tree's ratio to the first. --cases: only the cases whose name contains SUBSTR.
 """
 import argparse
 import json
@@ -21,6 +22,7 @@ CASES = [  # name, (B, H, S, D), layout, schedule
     ("window2K-32K-d128-pp", (1, 16, 32768, 128), "window", "PINGPONG"),
     ("topk25-d64-pp", (1, 8, 8192, 64), "topk", "PINGPONG"),
     ("dense-d64-coop", (1, 8, 8192, 64), "dense", "COOPERATIVE"),
+    ("topk25-b64-d64-dual", (2, 16, 8192, 64), "topk64", "DUAL"),  # 64x64 blocks: three streams
 ]
 
 
@@ -30,8 +32,12 @@ def child() -> None:
     import blackwell_sparsek as bsk
     L = bsk.BlockSparseLayout
     out = {}
+    only = os.environ.get("AB_CASES")
     for name, (b, h, s, d), pat, sched in CASES:
+        if only and only not in name:
+            continue
         lay = {"topk": lambda: L.random_topk(s, s // 128 // 4, seed=1, num_heads=h),
+               "topk64": lambda: L.random_topk(s, s // 64 // 4, seed=1, num_heads=h, block_m=64, block_n=64),
                "dense": lambda: L.dense(s), "causal": lambda: L.causal(s),
                "window": lambda: L.sliding_window(s, 2048)}[pat]().to("cuda")
         g = torch.Generator(device="cuda").manual_seed(7)
@@ -41,7 +47,7 @@ def child() -> None:
         fn()
         ms = triton.testing.do_bench(fn, warmup=300, rep=200, return_mode="median")
         blocks = lay.nnz * (h // lay.num_heads) * b
-        out[name] = 4.0 * d * 128 * 128 * blocks / (ms * 1e-3) / 1e12
+        out[name] = 4.0 * d * lay.block_m * lay.block_n * blocks / (ms * 1e-3) / 1e12
     print(json.dumps(out))
 
 
@@ -49,18 +55,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("trees", nargs="+")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cases", default=None, help="only the cases whose name contains this")
     a = ap.parse_args()
-    caches = {}
+    caches, flags = {}, {}
     for spec in a.trees:
+        spec, _, fl = spec.partition("@")
         tree, _, cache = spec.partition("=")
-        caches[tree] = os.path.abspath(cache or os.path.join(tree, ".bskcache"))
+        key = tree + ("@" + fl if fl else "")
+        caches[key] = (tree, os.path.abspath(cache or os.path.join(tree, ".bskcache")))
+        flags[key] = fl
     trees = list(caches)
     runs = {t: [] for t in trees}
     for r in range(a.rounds):
         for t in trees:
-            env = dict(os.environ, PYTHONPATH=f"{os.environ.get('SITE', '/tmp/site')}:{os.path.abspath(t)}",
-                       BSK_CACHE_DIR=caches[t])
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], cwd=t, env=env,
+            tree, cache = caches[t]
+            env = dict(os.environ, PYTHONPATH=f"{os.environ.get('SITE', '/tmp/site')}:{os.path.abspath(tree)}",
+                       BSK_CACHE_DIR=cache, BSK_NVCC_FLAGS=flags[t], AB_CASES=a.cases or "")
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], cwd=tree, env=env,
                                capture_output=True, text=True)
             if p.returncode:
                 sys.exit(f"{t} failed:\n{p.stderr[-3000:]}")
@@ -70,6 +81,8 @@ def main() -> None:
     print("| case | " + " | ".join(trees) + " | " + " | ".join(f"{t} / {first}" for t in trees[1:]) + " |")
     print("|---" * (2 * len(trees)) + "|")
     for name, *_ in CASES:
+        if a.cases and a.cases not in name:
+            continue
         med = [statistics.median(x[name] for x in runs[t]) for t in trees]
         print(f"| {name} | " + " | ".join(f"{m:.0f}" for m in med) + " | "
               + " | ".join(f"{m / med[0]:.3f}" for m in med[1:]) + " |")

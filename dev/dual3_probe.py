@@ -5,7 +5,6 @@
     python dev/dual3_probe.py [--rounds 2] [--configs]
 """
 import argparse
-import dataclasses
 import statistics
 import sys
 
@@ -15,6 +14,7 @@ import blackwell_sparsek as bsk
 from blackwell_sparsek.bench.schedules import masks
 from blackwell_sparsek.families.attn_fwd import Schedule
 from blackwell_sparsek.ops import default_config
+from blackwell_sparsek.ops.dispatch import dual_variant
 
 L = bsk.BlockSparseLayout
 D = 64
@@ -24,7 +24,7 @@ def variants(lay):
     pp = default_config(D, torch.float16, lay, schedule=Schedule.PINGPONG)
     coop = default_config(D, torch.float16, lay, schedule=Schedule.COOPERATIVE)
     dual = default_config(D, torch.float16, lay, schedule=Schedule.DUAL)
-    dual3 = dataclasses.replace(dual, streams=3, tile_n=64, stages=7).validate()
+    dual3 = dual_variant(dual, 3)
     return {"pingpong": pp, "cooperative": coop, "dual2": dual, "dual3": dual3}
 
 

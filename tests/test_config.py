@@ -197,6 +197,24 @@ def test_dual_streams_rules():
     assert near is not None and near.streams == 2 and near.problems() == []
 
 
+def test_dual_variant_for_the_benches():
+    import torch
+    from blackwell_sparsek.layout import BlockSparseLayout as L
+    from blackwell_sparsek.ops import default_config
+    from blackwell_sparsek.ops.dispatch import dual_variant
+    b64, b128 = L.dense(1000, block_m=64, block_n=64), L.dense(1000)
+    three = default_config(64, torch.float16, b64)
+    two = dual_variant(three, 2, 8)
+    assert (two.streams, two.stages, two.tile_n) == (2, 8, 64) and two.problems() == []
+    assert dual_variant(two, 3) == three  # the deepest ring that fits: the default's 7 stages
+    on128 = dual_variant(default_config(64, torch.float16, b128, schedule="dual"), 3)
+    assert (on128.streams, on128.tile_n, on128.stages, on128.block_m) == (3, 64, 7, 128)
+    with pytest.raises(InvalidConfigError, match="no dual config with 3 streams"):
+        dual_variant(default_config(128, torch.float16, b64), 3)
+    with pytest.raises(InvalidConfigError, match="and 9 stages"):
+        dual_variant(three, 3, 9)
+
+
 def test_default_schedule_follows_row_stats():
     """The rule fitted to the schedule sweep (bench/results/<gpu>/schedules.json): per mask family and head dim,
     the schedule that was faster (or within 3 % of it) in the same run."""

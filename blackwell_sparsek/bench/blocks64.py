@@ -12,7 +12,6 @@ against SDPA with the layout's element mask on one head first.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import json
 import statistics
@@ -43,6 +42,7 @@ def _layout(s, bm, bn, density, h, device="cuda"):
 def _configs(d, bm, bn, scheds, layout=None):
     import torch
     from ..ops import default_config
+    from ..ops.dispatch import dual_variant
     from ..jit.spec import DType  # noqa: F401
     out = []
     for sc in scheds:
@@ -51,13 +51,8 @@ def _configs(d, bm, bn, scheds, layout=None):
             layout = L.dense(1024, block_m=bm, block_n=bn)
         m = re.fullmatch(r"dual(\d)(?:s(\d+))?", sc or "")
         if m:
-            cfg = dataclasses.replace(default_config(d, torch.bfloat16, layout, schedule="dual"),
-                                      streams=int(m[1]), stages=int(m[2] or 16))
-            if cfg.streams == 3:
-                cfg = dataclasses.replace(cfg, tile_n=64)
-            while cfg.problems() and cfg.stages > 2:
-                cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
-            out.append((sc, cfg.validate()))
+            base = default_config(d, torch.bfloat16, layout, schedule="dual")
+            out.append((sc, dual_variant(base, int(m[1]), int(m[2]) if m[2] else None)))
             continue
         out.append((sc or "default", default_config(d, torch.bfloat16, layout, schedule=sc)))
     return out

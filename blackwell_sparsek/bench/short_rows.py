@@ -13,7 +13,6 @@ one head first.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 from .report import finish_rows
@@ -26,6 +25,7 @@ def _configs(d: int, k: int):
     from ..families.attn_fwd import Schedule
     from ..layout import BlockSparseLayout as L
     from ..ops import default_config
+    from ..ops.dispatch import dual_variant
     lay = L.random_topk(S, k, seed=k, num_heads=H)
     default = default_config(d, torch.float16, lay)
     out = {"default": default}
@@ -34,8 +34,7 @@ def _configs(d: int, k: int):
         if cfg != default:
             out[s.value] = cfg
     if d == 64:  # the dual schedule's three streams of 64-key tiles
-        cfg = dataclasses.replace(default_config(d, torch.float16, lay, schedule=Schedule.DUAL), streams=3,
-                                  tile_n=64, stages=7)
+        cfg = dual_variant(default_config(d, torch.float16, lay, schedule=Schedule.DUAL), 3)
         if cfg != default:
             out["dual3"] = cfg
     return lay, out

@@ -3,6 +3,7 @@ derived, the default schedule), whether it can run on the device, what a traced 
 """
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 import torch
@@ -138,6 +139,17 @@ def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedu
                 f"layout with block_m=128, block_n=128 (reasons: {'; '.join(cfg.problems())})")
         cfg = near
     return cfg
+
+
+def dual_variant(cfg: AttentionConfig, streams: int, stages: int | None = None) -> AttentionConfig:
+    """``cfg`` (a dual-schedule config) with ``streams`` streams, for the benches that time the count the default
+    did not pick: three take 64-key tiles; the ring ``stages`` deep, or as deep as the shared memory allows."""
+    want = dataclasses.replace(cfg, streams=streams, tile_n=64 if streams == 3 else cfg.tile_n, stages=stages or 16)
+    got = want.nearest_valid()
+    if got is None or got.streams != streams or (stages and got.stages != stages):
+        raise InvalidConfigError(f"no dual config with {streams} streams{f' and {stages} stages' if stages else ''} "
+                                 f"near {cfg.to_json()}: {'; '.join(want.problems())}")
+    return got
 
 
 @lru_cache(maxsize=None)

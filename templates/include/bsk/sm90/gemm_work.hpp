@@ -66,7 +66,8 @@ struct GemmWork {
     int wcur = min(strip, n_tiles - s * strip);
     int r = rem / wcur;
     it.nt = (s * strip + (rem - r * wcur)) * Cluster + rank;
-    int4 e = sched[Op == kOpSdd ? (r * Cluster + rank) * Pair : r];
+    int entry = Op == kOpSdd ? (r * Cluster + rank) * Pair : r;  // SDD: the first of the CTA's Pair entries
+    int4 e = sched[entry];
     it.out_blk = e.x;
     if constexpr (Op == kOpSdd) {
       // (row, col, value, skip): value < 0 marks a pair's partner slot (computed, not stored; its row is its
@@ -75,7 +76,7 @@ struct GemmWork {
       it.col_blk = e.y;
       it.value = e.z;
       if constexpr (Pair == 2) {
-        int4 e2 = sched[(r * Cluster + rank) * 2 + 1];
+        int4 e2 = sched[entry + 1];
         it.col_blk2 = e2.y;
         it.value2 = e2.z;
       } else {

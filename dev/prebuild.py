@@ -45,8 +45,15 @@ def attention_configs() -> list:
     for d in (64, 128):  # bench and compare-88: fp16 at both schedules
         cfgs += [default_config(d, f16, L.dense(8192), schedule=s) for s in (Schedule.PINGPONG, Schedule.COOPERATIVE)]
     from blackwell_sparsek.families.attn_bwd import config_for as bwd_config_for  # test_other_block_shapes
-    cfgs += [bwd_config_for(128, "fp16", bm, bn, det) for bm, bn in ((64, 128), (256, 128), (128, 256))
+    cfgs += [bwd_config_for(128, "fp16", bm, bn, det) for bm, bn in ((64, 128), (256, 128), (128, 256), (128, 64))
              for det in (False, True)]
+    holes = L.from_block_mask(torch.ones(6, 12, 13, dtype=torch.bool), seq_q=763, seq_k=823, block_m=64, block_n=64)
+    for d in (64, 128):  # test_64_wide_key_blocks_gqa_bshd_holes: pairs of 64-wide key blocks, both directions
+        cfgs += [default_config(d, dt, holes) for dt in (f16, b16)]
+        cfgs += [bwd_config_for(d, dt, 64, 64, det) for dt in ("fp16", "bf16") for det in (False, True)]
+    for lay in (L.random_topk(seq_q=8192, k=32, seed=0, num_heads=16, block_m=64, block_n=64),
+                L.causal(8192, block_m=64, block_n=64)):  # bench-bwd's 64x64 cases (fp16, D=128)
+        cfgs += [default_config(128, f16, lay), bwd_config_for(128, "fp16", 64, 64, True)]
     from blackwell_sparsek.bench import blocks64  # the 64-row block bench's dual / single / default kernels
     for _, (_, _, _, d), (bm, bn), _, scheds in blocks64.CASES:
         cfgs += [c for _, c in blocks64._configs(d, bm, bn, scheds)]

@@ -52,7 +52,8 @@ def test_named_configs_valid_and_named_by_kernel():
 @pytest.mark.parametrize("change, words", [
     (dict(head_dim=256), "use 64 or 128"),
     (dict(head_dim=96), "use 64 or 128"),
-    (dict(block_n=64), "block_n 64 must be a positive multiple of 128"),
+    (dict(block_n=192), "block_n 192 must be 64 or a positive multiple of 128"),
+    (dict(block_n=32), "build the layout with block_n=64 or 128"),
     (dict(block_m=96), "block_m 96 must be a positive multiple of 64"),
     (dict(tile_m=128), "tile_m=64, tile_n=128"),
     (dict(arch="sm100a"), "use arch='sm90a'"),
@@ -111,8 +112,10 @@ def test_smem_fits_and_config_for():
     cfg = fam.config_for(128, DType.FP16, 128, 128)
     assert cfg == fam.named_configs()[cfg.config_name]
     assert fam.config_for(64, DType.BF16, 256, 256).block_n == 256  # derived, not named
-    with pytest.raises(InvalidConfigError, match="block_n=128"):
-        fam.config_for(128, DType.FP16, 128, 64)
+    pair = fam.config_for(128, DType.FP16, 128, 64)  # 64-wide key blocks: pairs in one 128-key CTA
+    assert pair.block_n == 64 and pair.tile_block_n == 128 and pair.template_vars()["block_n"] == 128
+    with pytest.raises(InvalidConfigError, match="block_n=64 or 128"):
+        fam.config_for(128, DType.FP16, 128, 192)
 
 
 def test_bwd_config_from_forward_config():
@@ -281,7 +284,7 @@ def test_eager_autograd_function_matches_the_op_backward(with_lse):
         g.sum().backward()
 
 
-@pytest.mark.parametrize("D, block", [(256, 128), (64, 64)], ids=["d256", "block64"])
+@pytest.mark.parametrize("D, block", [(256, 128), (64, 192)], ids=["d256", "block192"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_no_backward_kernel_is_refused_before_the_forward(D, block, compiled, monkeypatch):
     """Inputs that need gradients on a config no backward kernel serves: InvalidConfigError naming the fix before
@@ -295,7 +298,7 @@ def test_no_backward_kernel_is_refused_before_the_forward(D, block, compiled, mo
     q, k, v = (torch.randn(1, 2, 300, D, dtype=torch.float16, requires_grad=True) for _ in range(3))
     fn = torch.compile(bsk.sparse_attention, backend="eager") if compiled else bsk.sparse_attention
     with pytest.raises(InvalidConfigError, match="head_dim 256 is not supported by the backward" if D == 256
-                       else "build the layout with block_n=128"):
+                       else "build the layout with block_n=64 or 128"):
         fn(q, k, v, lay)
     assert not ran
     monkeypatch.undo()

@@ -93,11 +93,13 @@ def test_gradients_match_reference(pattern, D, dtype):
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
-@pytest.mark.parametrize("block", [(64, 128), (256, 128), (128, 256)], ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("block", [(64, 128), (256, 128), (128, 256), (64, 64), (128, 64)],
+                         ids=lambda b: f"{b[0]}x{b[1]}")
 def test_other_block_shapes(block, deterministic):
     """Block shapes besides 128x128 (the forward tests' layouts, seq_q 777 so the last 256-row block has 9 rows and
     three 64-row dQ tiles past seq_q): gradients against float64, and the deterministic kernel bitwise repeatable
-    (256-key blocks are two CTAs that take consecutive dQ turns)."""
+    (256-key blocks are two CTAs that take consecutive dQ turns; 64-key blocks run in pairs, 21 of them at
+    seq_k 1300, so the last pair has no high half)."""
     bm, bn = block
     for layout, causal in ((L.random_topk(seq_q=777, seq_k=1300, k=3, seed=5, num_heads=2, block_m=bm, block_n=bn),
                             False), (L.dense(seq_q=777, seq_k=1300, block_m=bm, block_n=bn), True)):
@@ -128,6 +130,31 @@ def test_gqa_bshd_odd_lengths(pattern, dtype):
     layout, causal = _layouts(Sq, Sk, H)[pattern]
     q, k, v, do, glse = _inputs(B, H, Hkv, Sq, Sk, D, dtype, bshd=True)
     _check_grads(q, k, v, do, glse, layout.to("cuda"), causal, scale=0.05)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_64_wide_key_blocks_gqa_bshd_holes(D, dtype, deterministic):
+    """Pairs of 64-wide key blocks (one CTA over the union of their query blocks, the unlisted half masked) under
+    GQA with (B, S, H, D) strides: per-head 64x64 blocks with an empty query row, a key block nobody lists (its
+    pair has only low halves: dK = dV = 0 there) and a whole pair nobody lists; odd lengths."""
+    B, H, Hkv, Sq, Sk = 2, 6, 2, 12 * 64 - 5, 13 * 64 - 9
+    g = torch.Generator().manual_seed(7)
+    holes = torch.rand(H, 12, 13, generator=g) < 0.4
+    holes[:, 2] = False
+    holes[:, :, 5] = False
+    holes[:, :, 8:10] = False
+    holes[:, 0, 0] = True
+    layout = L.from_block_mask(holes, seq_q=Sq, seq_k=Sk, block_m=64, block_n=64).to("cuda")
+    q, k, v, do, glse = _inputs(B, H, Hkv, Sq, Sk, D, dtype, bshd=True)
+    _, (dq, dk, dv) = _check_grads(q, k, v, do, glse, layout, False, deterministic=deterministic)
+    for cols in (slice(5 * 64, 6 * 64), slice(8 * 64, 10 * 64)):
+        assert torch.all(dk[:, :, cols] == 0) and torch.all(dv[:, :, cols] == 0)
+    if deterministic:
+        _, again = _check_grads(q, k, v, do, glse, layout, False, deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv"), (dq, dk, dv), again):
+            assert torch.equal(a, b), f"{name} differs between deterministic runs"
 
 
 def test_mqa_and_seq_q_longer_than_seq_k():

@@ -33,6 +33,8 @@ from ._checks import check_backward_limits
 
 _DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 _BOUNDS, _RULE = 1, 2        # block-kind bits (blackwell_sparsek.layout)
+# The view's own bits for pairs of 64-wide key blocks: the half a query block does not list (attn_bwd_common.hpp)
+PAIR_NO_LO, PAIR_NO_HI = 4, 8
 
 
 # -- the transposed view -----------------------------------------------------------------------------------------
@@ -74,13 +76,25 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     ``group`` > 1 (GQA: query heads per K/V head) stacks the rows of each group's heads into one layout per K/V
     head (query block qb of the group's r-th head becomes qb + r * nq): the kernel walks, per key block, every
     listed query block of all the heads that share its K/V and sums their dK/dV in registers. A shared layout
-    (one head) stays shared; a per-head one gets Hl / group rows. W becomes group * W."""
+    (one head) stays shared; a per-head one gets Hl / group rows. W becomes group * W.
+
+    ``block_n`` 64: the kernel's CTA covers 128 keys, so neighbouring key blocks 2j and 2j + 1 become one column j
+    of the view, listing the union of their query blocks (ceil(nk / 2) columns); an entry whose query block lists
+    only one of the two carries PAIR_NO_HI or PAIR_NO_LO (the kernel masks that half) and the other bits of the
+    one it lists, an entry listing both the OR of their kinds (each rule is exact per element). The rest as above,
+    the pair being the key block."""
     hl, w = col_idx.shape
     nq = row_sched.shape[1]
     nk = int(n_kblocks)
     dev = col_idx.device
     row, valid, rank = _slot_rows(col_idx, row_sched)
     col = col_idx.long()
+    pairs = block_n < 128
+    if pairs:
+        if block_n != 64:
+            raise InputError(f"block_n {block_n}: the backward takes 64-wide key blocks or multiples of 128")
+        block_kind = block_kind | torch.where(col % 2 == 0, PAIR_NO_HI, PAIR_NO_LO).to(torch.uint8)
+        col, nk = col // 2, (nk + 1) // 2
     if group * nq >= 1 << 24:  # the schedule packs a stacked query block in 24 bits (entry | kind << 24)
         raise InputError(f"{group} query heads per K/V head x {nq} query blocks do not fit the backward's 24-bit "
                          f"block index: split the call over query heads (each K/V head with its own group)")
@@ -100,9 +114,11 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     end_key = nk * nq
     key = torch.where(valid, col * nq + row, torch.full_like(col, end_key))
     skey, order = torch.sort(key, dim=1, stable=True)
+    kind = torch.gather(block_kind, 1, order)
+    if pairs:
+        skey, order, kind = _merge_pairs(skey, order, kind, end_key)
     svalid = skey < end_key
     t_q = torch.where(svalid, skey % nq, torch.zeros_like(skey))
-    kind = torch.gather(block_kind, 1, order)
     if seq_q % block_m:
         kind = kind | ((t_q % nq_head == nq_head - 1) & svalid).to(torch.uint8) * _BOUNDS
     kind = torch.where(svalid, kind, torch.zeros_like(kind))
@@ -113,14 +129,43 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     tptr = torch.searchsorted(tcol, torch.arange(nk + 1, device=dev).expand(hl, nk + 1).contiguous())
     tcounts = tptr[:, 1:] - tptr[:, :-1]
     korder = torch.sort(tcounts, dim=1, descending=True, stable=True).indices
+    if pairs:
+        t_rank = _positions(t_q, svalid, nq).to(torch.int32)
     if deterministic:
-        t_rank = det_ranks(t_q, tcol, tptr, korder, block_m // 64, block_n // 128, sms, interleave).to(torch.int32)
+        t_rank = det_ranks(t_q, tcol, tptr, korder, block_m // 64, max(1, block_n // 128), sms,
+                           interleave).to(torch.int32)
     start = torch.gather(tptr[:, :-1], 1, korder)
     end = torch.gather(tptr[:, 1:], 1, korder)
     packed = t_q_idx.long() | (kind.long() << 24)
     first = torch.where(end > start, torch.gather(packed, 1, start.clamp(max=w - 1)), torch.zeros_like(start))
     t_sched = torch.stack([korder, start, end, first], dim=2).to(torch.int32).contiguous()
     return t_q_idx.contiguous(), kind.contiguous(), t_sched, t_rank.contiguous()
+
+
+def _merge_pairs(skey: torch.Tensor, order: torch.Tensor, kind: torch.Tensor, end_key: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sorted (pair column, query block) keys with their slot order and kinds -> the same with each pair listed
+    once: where both halves list a query block, the first entry takes the OR of the two kinds less the PAIR_NO
+    bits and the second moves past the listed entries (key end_key). No host sync."""
+    dup = (skey[:, 1:] == skey[:, :-1]) & (skey[:, 1:] < end_key)  # entry i + 1 repeats entry i
+    both = torch.nn.functional.pad(dup, (0, 1))
+    later = torch.nn.functional.pad(dup, (1, 0))
+    nxt = torch.nn.functional.pad(kind[:, 1:], (0, 1))
+    kind = torch.where(both, (kind | nxt) & (0xFF ^ PAIR_NO_LO ^ PAIR_NO_HI), kind)
+    skey = torch.where(later, torch.full_like(skey, end_key), skey)
+    skey, again = torch.sort(skey, dim=1, stable=True)
+    return skey, torch.gather(order, 1, again), torch.gather(kind, 1, again)
+
+
+def _positions(t_q: torch.Tensor, valid: torch.Tensor, nq: int) -> torch.Tensor:
+    """Each listed entry's position among its query block's entries (columns ascending; 0 elsewhere)."""
+    w = t_q.shape[1]
+    qkey = torch.where(valid, t_q, torch.full_like(t_q, nq))
+    sq, o = torch.sort(qkey, dim=1, stable=True)
+    first = torch.searchsorted(sq.contiguous(), sq.contiguous())
+    pos = torch.arange(w, device=t_q.device).expand_as(sq) - first
+    out = torch.empty_like(pos).scatter_(1, o, pos)
+    return torch.where(valid, out, torch.zeros_like(out))
 
 
 def det_ranks(t_q: torch.Tensor, tcol: torch.Tensor, tptr: torch.Tensor, korder: torch.Tensor, tiles_m: int,
@@ -287,7 +332,7 @@ def _attn_bwd_cuda(q, k, v, o, lse, do, grad_lse, col_idx, block_kind, row_sched
     dispatch.check_device(config_json, dev)  # arch and shared memory, once per (config, device)
     facts = dispatch.device_facts(dev)
     # deterministic: a wave of det_ranks must hold one key block of every head in the group
-    cap = max(1, facts.sm_count // 2 // (cfg.block_n // 128)) if det else 0
+    cap = max(1, facts.sm_count // 2 // (cfg.tile_block_n // 128)) if det else 0
     group = tile_group(B * Hkv, 2 * H * Sq * D * q.element_size() // Hkv, facts.l2_bytes, HEAD_GROUP, cap)
     # GQA: the view stacks the query heads of each K/V head, so one CTA per key tile of a K/V head sums dK/dV over
     # its whole group in registers (dK/dV come out per K/V head; no per-query-head buffer, no second pass).

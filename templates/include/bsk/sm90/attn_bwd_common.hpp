@@ -98,9 +98,16 @@ CUTLASS_DEVICE void pass_turn(int* sem) {
   asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;" : : "l"(sem) : "memory");
 }
 
+// Backward-only kind bits of the transposed view: a layout of 64-wide key blocks runs as pairs (one 128-key
+// column per two neighbouring key blocks, over the union of their query blocks), and an entry whose query block
+// lists only one of the pair carries the other half's bit (attention_bwd.transposed_view writes them). The
+// warpgroup of an unlisted half computes nothing for that entry (its P and dS would be 0).
+enum : int { kPairNoLo = 4, kPairNoHi = 8 };
+
 // Element mask of one S^T tile (keys x queries), only on blocks whose kind is not FULL: sequence ends (keys past
 // seq_k, queries past seq_q) and, with the RULE bit, the bottom-right aligned window rule. Masked scores become
-// -inf, so P = 0 there. tScS holds each accumulator element's (key, query) inside the tile.
+// -inf, so P = 0 there. tScS holds each accumulator element's (key, query) inside the tile. (The unlisted half of
+// a pair is not masked: its warpgroup skips the entry, see BwdMainloop.)
 template <class AccS, class CoordS>
 CUTLASS_DEVICE void apply_mask(AccS& acc_s, CoordS const& tScS, int k0, int q0, int kind, int seq_q, int seq_k,
                                TLayoutParams const& l) {

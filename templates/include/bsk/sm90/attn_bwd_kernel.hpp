@@ -24,10 +24,10 @@ namespace bsk::bwd {
 
 namespace fmha_k = cutlass::fmha::kernel;
 
-template <class Element_, int HeadDim, int BlockM, int BlockN, bool Deterministic>
+template <class Element_, int HeadDim, int BlockM, int BlockN, bool Deterministic, bool Pairs = false>
 struct AttnBwdTraits {
   using Element = Element_;
-  using Mainloop = BwdMainloop<Element, HeadDim, BlockM, BlockN, Deterministic>;
+  using Mainloop = BwdMainloop<Element, HeadDim, BlockM, BlockN, Deterministic, Pairs>;
   using Epilogue = fmha_c::FmhaBwdEpilogueKV<Element, float, typename Mainloop::TileShapePV>;
   using Kernel = fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, BwdTileScheduler>;
   static constexpr int kHeadDim = HeadDim;

@@ -11,6 +11,7 @@
 //   * GQA in the CTA: a key tile of a K/V head walks the listed query blocks of every query head that shares it
 //     (the stacked column, split_entry), so dK/dV sum over the group in registers and come out per K/V head;
 //   * the caller's softmax scale (example 88 hard-codes 1/sqrt(D));
+//   * pairs of 64-wide key blocks (Pairs): a warpgroup whose half the entry does not list skips it (idle_step);
 //   * shared-memory hazards closed: a Q/dO stage is released only after the GEMMs that read it completed, a dQ
 //     buffer only after its TMA reduce has read it, the epilogue (which overlays the mainloop's buffers) starts
 //     only after both warpgroups' last GEMMs, and a key block with no listed query releases nothing it did not
@@ -30,7 +31,7 @@ namespace fmha_c = cutlass::fmha::collective;
 // Named barrier (CUTLASS user id; NamedBarrier adds the reserved count): both MMA warpgroups done with the mainloop.
 enum : uint32_t { kBarMmaDone = 0 };
 
-template <class Element, int HeadDim, int BlockM, int BlockN, bool Deterministic>
+template <class Element, int HeadDim, int BlockM, int BlockN, bool Deterministic, bool Pairs = false>
 struct BwdMainloop
     : fmha_c::FmhaBwdMainloopTmaWarpSpecialized<Element, float, Shape<_64, _128, Int<HeadDim>>,
                                                 fmha_c::DefaultFusion> {
@@ -222,6 +223,43 @@ struct BwdMainloop
   // every listed 64-query tile. Per tile: S^T = K Q^T and dP^T = V dO^T; P^T from LSE2 (masked blocks only get the
   // element mask); dS^T = P^T (dP^T - delta) * scale; dV += P^T dO; dK += dS^T Q; dQ = dS K over both warpgroups'
   // dS (shared memory) goes to the reducer. Both exponentiate in turn (example 88's order barrier). dQ: example
+  // Pairs of 64-wide key blocks: this warpgroup's half of the key tile is not listed by the entry's query block, so
+  // its P and dS would be 0. It computes nothing but keeps the order barrier's turns, and the dQ tile still goes to
+  // the reducer: warpgroup 0 writes zeros as its half of dS, warpgroup 1 (its half idle) multiplies only
+  // warpgroup 0's half. The listed warpgroup runs the full step, so that code is the 128-key kernel's.
+  template <class StateK, class TDS, class TK, class TSDS, class TSDQ, class MmaMD, class PipelineReducer,
+            class StateReducer, class OrderBarrier>
+  CUTLASS_DEVICE void idle_step(int wg_idx, StateK const& read_k_other, TDS const& tDQrDS, TK const& tDQrK,
+                                TSDS& tDPsDS, TSDQ& tDQsDQ_full, MmaMD& tiled_mma_md,
+                                PipelineReducer& pipeline_reducer, StateReducer& smem_pipe_write_reducer,
+                                OrderBarrier& math_wg_order_barrier) {
+    math_wg_order_barrier.wait();  // the exp turn
+    math_wg_order_barrier.arrive();
+    if (wg_idx == 0) {
+      math_wg_order_barrier.wait();
+      Tensor zero_ds = make_fragment_like<Element>(partition_fragment_C(TiledMmaNM{}, take<0, 2>(TileShapeNM{})));
+      fill(zero_ds, Element(0));
+      store_ds<Element>(tDPsDS, zero_ds, 0);
+      math_wg_order_barrier.arrive();
+      pipeline_reducer.producer_acquire(smem_pipe_write_reducer);
+      pipeline_reducer.producer_commit(smem_pipe_write_reducer);
+    } else {
+      math_wg_order_barrier.wait();  // warpgroup 0's dS is in shared memory
+      Tensor acc_DQ = partition_fragment_C(tiled_mma_md, take<0, 2>(TileShapeMD{}));
+      warpgroup_fence_operand(acc_DQ);
+      warpgroup_arrive();
+      fmha_c::gemm_zero_acc(tiled_mma_md, tDQrDS(_, _, _, 0), tDQrK(_, _, _, read_k_other.index()), acc_DQ);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_DQ);
+      math_wg_order_barrier.arrive();  // warpgroup 0 may overwrite its half of dS
+      pipeline_reducer.producer_acquire(smem_pipe_write_reducer);
+      store_dq(tDQsDQ_full(_, _, _, smem_pipe_write_reducer.index()), acc_DQ);
+      pipeline_reducer.producer_commit(smem_pipe_write_reducer);
+    }
+    ++smem_pipe_write_reducer;
+  }
+
   // 88's sequence (warpgroup 0 stores dS, warpgroup 1 runs the whole dQ GEMM). Splitting dQ's columns between the
   // warpgroups, as FlashAttention-3 does, measured 7-10 % slower here (H100, H200): warpgroup 0 then waits for
   // warpgroup 1's dS every tile.
@@ -311,6 +349,18 @@ struct BwdMainloop
       PipelineState read_do = smem_pipe_read_inner;
       ++smem_pipe_read_inner;
 
+      if constexpr (Pairs) {
+        if (kind & (wg_idx == 0 ? kPairNoLo : kPairNoHi)) {
+          idle_step(wg_idx, read_k_other, tDQrDS, tDQrK, tDPsDS, tDQsDQ_full, tiled_mma_md, pipeline_reducer,
+                    smem_pipe_write_reducer, math_wg_order_barrier);
+          pipeline_inner.consumer_release(release_inner);
+          ++release_inner;
+          pipeline_inner.consumer_release(release_inner);
+          ++release_inner;
+          continue;
+        }
+      }
+
       Tensor acc_S = partition_fragment_C(tiled_mma_nm, take<0, 2>(TileShapeNM{}));
       warpgroup_fence_operand(acc_S);
       warpgroup_arrive();
@@ -333,7 +383,9 @@ struct BwdMainloop
       warpgroup_fence_operand(acc_S);
 
       math_wg_order_barrier.wait();
-      if (kind != kBlockFull) apply_mask(acc_S, tScS, k0, q0, kind, seq_q, seq_k, params.lay);
+      // A pair entry's PAIR_NO bits concern the other warpgroup (idle_step): only sequence ends and the rule here.
+      int mask_kind = Pairs ? (kind & (kBlockBounds | kBlockRule)) : kind;
+      if (mask_kind != kBlockFull) apply_mask(acc_S, tScS, k0, q0, mask_kind, seq_q, seq_k, params.lay);
       auto acc_P = make_fragment_like<float>(acc_S);
       CUTLASS_PRAGMA_UNROLL
       for (int e = 0; e < size(acc_P); ++e) {

@@ -1,5 +1,5 @@
-"""Same-run A/B of the forward kernels of several source trees (e.g. main before and after a change), in
-alternating processes (two builds of one kernel name cannot share a process), do_bench medians, effective TFLOPS.
+"""Same-run A/B of the forward (and backward: the bwd-* cases) kernels of several source trees (e.g. main before
+and after a change), in alternating processes (two builds of one kernel name cannot share a process), do_bench medians, effective TFLOPS.
 
     python dev/ab_forward.py TREE[=CACHE][@FLAGS] TREE[=CACHE][@FLAGS] ... [--rounds 3] [--cases SUBSTR]
 
@@ -23,6 +23,10 @@ CASES = [  # name, (B, H, S, D), layout, schedule
     ("topk25-d64-pp", (1, 8, 8192, 64), "topk", "PINGPONG"),
     ("dense-d64-coop", (1, 8, 8192, 64), "dense", "COOPERATIVE"),
     ("topk25-b64-d64-dual", (2, 16, 8192, 64), "topk64", "DUAL"),  # 64x64 blocks: three streams
+    # backward alone on a finished forward (bench.backward.BwdCall: the op's body, as an eager backward runs it)
+    ("bwd-topk25-d128", (2, 16, 8192, 128), "topk", "BWD"),
+    ("bwd-dense-d128", (2, 16, 8192, 128), "dense", "BWD"),
+    ("bwd-topk25-b64-d128", (2, 16, 8192, 128), "topk64", "BWD"),  # 64x64 blocks: pairs of key blocks
 ]
 
 
@@ -42,12 +46,16 @@ def child() -> None:
                "window": lambda: L.sliding_window(s, 2048)}[pat]().to("cuda")
         g = torch.Generator(device="cuda").manual_seed(7)
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
-        cfg = getattr(bsk.Schedule, sched)
-        fn = lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)  # noqa: E731
+        if sched == "BWD":
+            from blackwell_sparsek.bench.backward import BwdCall
+            fn, mult = BwdCall(lay, b, h, s, d, torch.float16), 2.5
+        else:
+            cfg = getattr(bsk.Schedule, sched)
+            fn, mult = (lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)), 1.0  # noqa: E731
         fn()
         ms = triton.testing.do_bench(fn, warmup=300, rep=200, return_mode="median")
         blocks = lay.nnz * (h // lay.num_heads) * b
-        out[name] = 4.0 * d * lay.block_m * lay.block_n * blocks / (ms * 1e-3) / 1e12
+        out[name] = mult * 4.0 * d * lay.block_m * lay.block_n * blocks / (ms * 1e-3) / 1e12
     print(json.dumps(out))
 
 

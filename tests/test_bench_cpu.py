@@ -245,3 +245,16 @@ def test_profile_without_ncu(monkeypatch, capsys):
     monkeypatch.setattr(profile, "find_ncu", lambda: None)
     assert profile.run(None, (1, 1, 128, 64)) == 2
     assert "ncu" in capsys.readouterr().err
+
+
+def test_backward_bench_counts_64_blocks_and_pair_fill():
+    """bench-bwd's effective FLOPs count each layout's own block size, and pair_fill is the listed share of the
+    paired 64-wide key blocks' work (1 where the two neighbours of every pair list the same query blocks)."""
+    import blackwell_sparsek as bsk
+    from blackwell_sparsek.bench import backward as bb
+    L = bsk.BlockSparseLayout
+    lay64 = L.random_topk(seq_q=2048, k=8, seed=0, num_heads=2, block_m=64, block_n=64)
+    assert bb._flops(lay64, 1, 2, 128, 2.5) == pytest.approx(2.5 * 4 * 128 * sum(lay64.nnz_per_head) * 64 * 64)
+    assert bb.pair_fill(L.dense(1024, block_m=64, block_n=64)) == 1.0
+    assert 0.5 < bb.pair_fill(lay64) < 0.75
+    assert any(c["name"] == "topk25_b64_d128" for c in bb.cases(False))

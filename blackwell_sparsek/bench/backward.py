@@ -45,7 +45,17 @@ def _blocks(layout, B, H) -> int:
 
 
 def _flops(layout, B, H, D, mult) -> float:
-    return mult * 4 * D * _blocks(layout, B, H) * 128 * 128
+    return mult * 4 * D * _blocks(layout, B, H) * layout.block_m * layout.block_n
+
+
+def pair_fill(layout) -> float:
+    """64-wide key blocks run as pairs over the union of two columns: listed blocks / (2 x pair entries), the
+    share of the backward's 128-key work that is listed (1.0 when both halves of every pair entry are listed)."""
+    import blackwell_sparsek.ops.attention_bwd as ab
+    t_sched = ab.transposed_view(layout.col_idx, layout.block_kind, layout.row_schedule(), layout.n_kblocks,
+                                 layout.seq_q, layout.block_m, block_n=layout.block_n)[2]
+    entries = int((t_sched[..., 2] - t_sched[..., 1]).sum())
+    return sum(layout.nnz_per_head) / (2 * entries)
 
 
 def _time(fn: Callable[[], Any]) -> float:
@@ -164,6 +174,7 @@ def cases(quick: bool) -> list[dict[str, Any]]:
     L = bsk.BlockSparseLayout
     S = 8192
     topk = lambda h: L.random_topk(seq_q=S, k=16, seed=0, num_heads=h)  # noqa: E731  25 % of the blocks
+    topk64 = lambda h: L.random_topk(seq_q=S, k=32, seed=0, num_heads=h, block_m=64, block_n=64)  # noqa: E731
     out = [
         dict(name="topk25_d128", layout=lambda: topk(16), B=2, H=16, S=S, D=128, dtype=torch.float16,
              det=True, flex=True, extras=True),
@@ -181,6 +192,10 @@ def cases(quick: bool) -> list[dict[str, Any]]:
              host=True),
         dict(name="window2k_32k", layout=lambda: L.sliding_window(32768, 2048), B=1, H=16, S=32768, D=128,
              dtype=torch.float16, flex=True),
+        dict(name="topk25_b64_d128", layout=lambda: topk64(16), B=2, H=16, S=S, D=128, dtype=torch.float16,
+             det=True, flex=True),
+        dict(name="causal_b64_d128", layout=lambda: L.causal(S, block_m=64, block_n=64), B=4, H=16, S=S, D=128,
+             dtype=torch.float16, sdpa="causal"),
         dict(name="topk25_gqa4", layout=lambda: topk(16), B=2, H=16, S=S, D=128, dtype=torch.float16, hkv=4,
              memory=True),
     ]
@@ -201,6 +216,8 @@ def run_case(c: dict[str, Any], rows: list[dict[str, Any]], notes: dict[str, Any
     t_ours = _time(call)
     add("bsk bwd", t_ours, call.flops)
     key = f"{c['name']}_{_dt(dt)}"
+    if layout.block_n == 64:
+        notes[f"{key}_pair_fill"] = pair_fill(layout)
     if c.get("extras") or c.get("host"):
         notes[f"{key}_graph_ms"] = call.graph_ms()
         notes[f"{key}_host_us_per_call"] = call.host_us()
@@ -263,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-head-groups", action="store_true", help="skip the head-group comparison")
     ap.add_argument("--budget-s", type=float, default=240.0, help="skip the remaining cases after this many s")
     ap.add_argument("--out", default=None, help="directory for bwd_bench.json and bwd_bench.md")
+    ap.add_argument("--only", default="", help="comma-separated case names to run (default: all)")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     a = ap.parse_args(argv)
     if a.list:
@@ -280,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     notes: dict[str, Any] = {"skipped": []}
     t0 = time.time()
+    only = {n for n in a.only.split(",") if n}
     for c in cases(a.quick):
+        if only and c["name"] not in only:
+            continue
         if time.time() - t0 > a.budget_s:
             notes["skipped"].append(f"{c['name']} {_dt(c['dtype'])}")
             continue

@@ -258,3 +258,23 @@ def test_backward_bench_counts_64_blocks_and_pair_fill():
     assert bb.pair_fill(L.dense(1024, block_m=64, block_n=64)) == 1.0
     assert 0.5 < bb.pair_fill(lay64) < 0.75
     assert any(c["name"] == "topk25_b64_d128" for c in bb.cases(False))
+
+
+def test_flex_peer_mask_of_64_blocks_is_the_layout_mask():
+    """Flex's kernels refuse 64-wide blocks, so bench-bwd gives Flex the same element mask at 128x128 blocks:
+    its output must equal the reference on the 64x64 layout (CPU, unfused Flex)."""
+    import warnings
+    import torch
+    import blackwell_sparsek as bsk
+    from torch.nn.attention.flex_attention import flex_attention
+    from blackwell_sparsek.bench.backward import flex_block_mask
+    from blackwell_sparsek.reference import attention_reference, relative_error
+    lay = bsk.BlockSparseLayout.random_topk(seq_q=1000, k=4, seed=0, num_heads=2, block_m=64, block_n=64)
+    bm = flex_block_mask(lay)
+    assert bm.BLOCK_SIZE == (128, 128)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 1000, 64, generator=g, dtype=torch.float64) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        o = flex_attention(q, k, v, block_mask=bm)
+    assert relative_error(o, attention_reference(q, k, v, lay)[0]) < 1e-10

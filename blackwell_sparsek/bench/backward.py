@@ -5,7 +5,8 @@ call: prep, main kernel, dQ convert; the transposed layout view cached, as in tr
 ``torch.autograd.grad`` through ``sparse_attention``. Peers, timed in the same process and run:
 
 * FlexAttention (``torch.compile``'d ``flex_attention``) forward + backward on the layout's own BlockMask
-  (``to_flex_block_mask``, the same blocks and element mask);
+  (``to_flex_block_mask``, the same blocks and element mask; 64-wide blocks, which Flex refuses, as the same
+  element mask at 128x128 blocks: ``flex_block_mask``);
 * SDPA with the cuDNN backend, backward alone (``autograd.grad`` of a finished forward), dense and causal.
 
 Effective TFLOPS count the listed blocks only (ANCHORS.md): backward 2.5 x, forward + backward 3.5 x the forward's
@@ -148,9 +149,20 @@ def fwd_bwd_flex(layout, B, H, S, D, dtype) -> float:
     from torch.nn.attention.flex_attention import flex_attention
     q, k, v, do = _inputs(B, H, S, D, dtype, seed=2)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    bm = layout.to("cuda").to_flex_block_mask()
+    bm = flex_block_mask(layout.to("cuda"))
     flex = torch.compile(flex_attention, dynamic=False)
     return _time(lambda: torch.autograd.grad(flex(q, k, v, block_mask=bm), (q, k, v), do))
+
+
+def flex_block_mask(layout):
+    """The layout's BlockMask for FlexAttention; for blocks Flex's kernels refuse (64-wide: its tiles are 128), the
+    same element mask at 128x128 granularity, as a Flex user would build it (create_block_mask over the layout's
+    exact mask_mod)."""
+    if layout.block_m % 128 == 0 and layout.block_n % 128 == 0:
+        return layout.to_flex_block_mask()
+    from torch.nn.attention.flex_attention import create_block_mask
+    return create_block_mask(layout.to_flex_block_mask().mask_mod, None, layout.num_heads, layout.seq_q,
+                             layout.seq_k, device=layout.device, BLOCK_SIZE=128)
 
 
 def bwd_sdpa_cudnn(B, H, S, D, dtype, causal) -> float | None:

@@ -45,8 +45,11 @@ def attention_configs() -> list:
     for d in (64, 128):  # bench and compare-88: fp16 at both schedules
         cfgs += [default_config(d, f16, L.dense(8192), schedule=s) for s in (Schedule.PINGPONG, Schedule.COOPERATIVE)]
     from blackwell_sparsek.families.attn_bwd import config_for as bwd_config_for  # test_other_block_shapes
-    cfgs += [bwd_config_for(128, "fp16", bm, bn, det) for bm, bn in ((64, 128), (256, 128), (128, 256), (128, 64))
-             for det in (False, True)]
+    cfgs += [bwd_config_for(128, "fp16", bm, bn, det) for bm, bn in ((64, 128), (256, 128), (128, 256), (128, 64),
+                                                                     (128, 192)) for det in (False, True)]
+    cfgs += [default_config(128, f16, lay) for lay in (  # the backward's 128x192 case: its forward
+        L.random_topk(seq_q=777, seq_k=1300, k=3, seed=5, num_heads=2, block_m=128, block_n=192),
+        L.dense(seq_q=777, seq_k=1300, block_m=128, block_n=192).with_causal())]
     holes = L.from_block_mask(torch.ones(6, 12, 13, dtype=torch.bool), seq_q=763, seq_k=823, block_m=64, block_n=64)
     for d in (64, 128):  # test_64_wide_key_blocks_gqa_bshd_holes: pairs of 64-wide key blocks, both directions
         cfgs += [default_config(d, dt, holes) for dt in (f16, b16)]

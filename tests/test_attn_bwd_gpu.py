@@ -93,13 +93,14 @@ def test_gradients_match_reference(pattern, D, dtype):
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "det"])
-@pytest.mark.parametrize("block", [(64, 128), (256, 128), (128, 256), (64, 64), (128, 64)],
+@pytest.mark.parametrize("block", [(64, 128), (256, 128), (128, 256), (64, 64), (128, 64), (128, 192)],
                          ids=lambda b: f"{b[0]}x{b[1]}")
 def test_other_block_shapes(block, deterministic):
     """Block shapes besides 128x128 (the forward tests' layouts, seq_q 777 so the last 256-row block has 9 rows and
     three 64-row dQ tiles past seq_q): gradients against float64, and the deterministic kernel bitwise repeatable
     (256-key blocks are two CTAs that take consecutive dQ turns; 64-key blocks run in pairs, 21 of them at
-    seq_k 1300, so the last pair has no high half)."""
+    seq_k 1300, so the last pair has no high half; 192-key blocks as 128-key columns of 64-key halves, one in
+    three straddling two blocks)."""
     bm, bn = block
     for layout, causal in ((L.random_topk(seq_q=777, seq_k=1300, k=3, seed=5, num_heads=2, block_m=bm, block_n=bn),
                             False), (L.dense(seq_q=777, seq_k=1300, block_m=bm, block_n=bn), True)):

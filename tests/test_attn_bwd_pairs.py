@@ -1,6 +1,7 @@
-"""The backward's view of layouts with 64-wide key blocks, without a GPU: the kernel covers 128 keys a CTA, so
-transposed_view pairs neighbouring key blocks into one column over the union of their query blocks and marks the
-half a query block does not list (PAIR_NO_LO / PAIR_NO_HI). Checked by rebuilding the element mask the kernel
+"""The backward's view of layouts whose key blocks are not whole 128-key tiles (64, 192 columns), without a GPU:
+the kernel covers 128 keys a CTA, so transposed_view makes each 128-key tile (two 64-key halves of one or two key
+blocks) one column over the union of their query blocks and marks the half a query block does not list
+(PAIR_NO_LO / PAIR_NO_HI). Checked by rebuilding the element mask the kernel
 applies from the view alone and comparing it with the layout's, for per-head and shared layouts, GQA stacking and
 the deterministic turns (played out)."""
 from __future__ import annotations
@@ -28,7 +29,14 @@ def pair_layouts():
         "window_128x64": L.sliding_window(1100, 300, block_m=128, block_n=64),
         "holes_64x64_per_head": L.from_block_mask(holes, seq_q=12 * 64 - 5, seq_k=13 * 64 - 9, block_m=64,
                                                   block_n=64),
+        "topk_128x192_per_head": L.random_topk(1500, 2, seed=4, num_heads=2, block_m=128, block_n=192),
+        "causal_64x192_odd": L.causal(700, 1000, block_m=64, block_n=192),
     }
+
+
+def _tiles(row, m):
+    """The 128-key columns that a query block's row of key blocks (m 64-key units each) touches, ascending."""
+    return sorted({u // 2 for c in row for u in range(c * m, c * m + m)})
 
 
 def _view(lay, group=1, det=False, sms=8):
@@ -73,8 +81,9 @@ def test_pair_view_is_the_layout(name, det):
     lay = pair_layouts()[name]
     view = _view(lay, det=det)
     t_q, t_kind, t_sched, t_rank = view
-    nk2 = (lay.n_kblocks + 1) // 2
-    assert t_sched.shape == (lay.num_heads, nk2, 4) and t_q.shape == lay.col_idx.shape
+    m = lay.block_n // 64
+    nk2 = (lay.n_kblocks * m + 1) // 2
+    assert t_sched.shape == (lay.num_heads, nk2, 4) and t_q.shape == (lay.num_heads, lay.col_idx.shape[1] * m)
     assert torch.equal(_mask_from_view(lay, view, 1), lay.to_element_mask().expand(lay.num_heads, -1, -1))
     for h in range(lay.num_heads):
         counts = []
@@ -85,7 +94,7 @@ def test_pair_view_is_the_layout(name, det):
             if not det:  # position among the query block's pair columns, ascending
                 for qb, rk in zip(t_q[h, start:end].tolist(), t_rank[h, start:end].tolist()):
                     row = lay.col_idx[h, lay.row_ptr[h, qb]:lay.row_ptr[h, qb + 1]].tolist()
-                    assert sorted({c // 2 for c in row}).index(kb) == rk
+                    assert _tiles(row, m).index(kb) == rk
         assert counts == sorted(counts, reverse=True), "heaviest pair columns first"
     if det:
         heads = lay.num_heads
@@ -94,23 +103,23 @@ def test_pair_view_is_the_layout(name, det):
         for (x, tile), who in adds.items():
             qb = tile // (lay.block_m // 64)
             row = lay.col_idx[x, lay.row_ptr[x, qb]:lay.row_ptr[x, qb + 1]].tolist()
-            assert sorted(who) == sorted({c // 2 for c in row}), "each pair column adds once"
+            assert sorted(who) == _tiles(row, m), "each 128-key column adds once"
 
 
 @pytest.mark.parametrize("name,group", [("topk_64x64_per_head", 2), ("causal_64x64_odd", 3),
-                                        ("holes_64x64_per_head", 2)])
+                                        ("holes_64x64_per_head", 2), ("topk_128x192_per_head", 2)])
 def test_pair_view_stacks_gqa_groups(name, group):
     lay = pair_layouts()[name]
     view = _view(lay, group=group)
     hl_out = max(lay.num_heads // group, 1)
-    assert view[2].shape == (hl_out, (lay.n_kblocks + 1) // 2, 4)
+    assert view[2].shape == (hl_out, (lay.n_kblocks * lay.block_n // 64 + 1) // 2, 4)
     want = lay.to_element_mask().expand(hl_out * group, -1, -1) if lay.num_heads == 1 else lay.to_element_mask()
     assert torch.equal(_mask_from_view(lay, view, group), want)
 
 
 def test_pair_view_refuses_other_narrow_blocks():
     lay = L.random_topk(300, 2, seed=0, block_m=64, block_n=64)
-    with pytest.raises(ab.InputError, match="64-wide key blocks or multiples of 128"):
+    with pytest.raises(ab.InputError, match="multiple of 64 columns"):
         ab.transposed_view(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, 300, 64, block_n=32)
 
 
@@ -123,9 +132,9 @@ def test_pair_bits_match_the_kernel_header():
     assert not (ab.PAIR_NO_LO | ab.PAIR_NO_HI) & (BOUNDS | RULE)  # apart from the layout's kind bits
 
 
-@pytest.mark.parametrize("block", [(64, 64), (128, 64)], ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("block", [(64, 64), (128, 64), (128, 192)], ids=lambda b: f"{b[0]}x{b[1]}")
 def test_sparse_attention_with_64_wide_key_blocks_trains_on_the_cpu(block):
-    """64-wide key blocks are no longer refused when inputs need gradients; the CPU fallback's backward is the
+    """Key blocks of 64 or 192 columns are served when inputs need gradients; the CPU fallback's backward is the
     reference's autograd (same API everywhere), and the backward config is the pair kernel's."""
     import blackwell_sparsek as bsk
     from blackwell_sparsek.families.attn_bwd import config_for

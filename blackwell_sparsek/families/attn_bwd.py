@@ -2,8 +2,9 @@
 
 The kernel (templates/attn_bwd.cu.j2 + templates/include/bsk/sm90/attn_bwd_*.hpp) runs one CTA per 128-key tile
 over the TRANSPOSED layout: for each key block, the query blocks that list it. 64-wide key blocks run as pairs:
-one CTA per two neighbouring key blocks, over the union of their columns (attention_bwd.transposed_view); the
-warpgroup of the half a query block does not list skips that entry. Two MMA warpgroups of 64 keys keep
+one CTA per two neighbouring key blocks, over the union of their columns (attention_bwd.transposed_view), and
+so do the 64-key halves of other widths that are not multiples of 128 (192, ...); the warpgroup of a half a
+query block does not list skips that entry. Two MMA warpgroups of 64 keys keep
 dK and dV in registers; a reducer warp adds each 64-query dQ tile into an fp32 accumulator with TMA reduce-add.
 Its shell, shared-memory layouts and tiled MMAs are CUTLASS example 88's backward (by #include).
 
@@ -65,9 +66,15 @@ class AttnBwdConfig(KernelConfig):
         return f"d{self.head_dim}_{self.dtype.value}_t{self.tile_m}x{self.tile_n}_b{self.block_m}x{self.block_n}{det}"
 
     @property
+    def pairs(self) -> bool:
+        """Key blocks that are not whole 128-key tiles (64, 192, ...): the view's columns are 128-key tiles of two
+        64-key halves, and the kernel's warpgroup of a half an entry does not list skips it."""
+        return self.block_n % TILE_N != 0
+
+    @property
     def tile_block_n(self) -> int:
-        """Keys per column of the kernel's transposed view: block_n, or a pair of 64-wide key blocks."""
-        return max(self.block_n, TILE_N)
+        """Keys per column of the kernel's transposed view: block_n, or one 128-key tile of 64-key halves."""
+        return TILE_N if self.pairs else self.block_n
 
     def smem_bytes(self) -> int:
         """Shared memory of one CTA, bytes; mirrors example 88's backward SharedStorage: K/V (4 stages of 64 keys),
@@ -92,10 +99,9 @@ class AttnBwdConfig(KernelConfig):
                      f"{TILE_N} keys (two MMA warpgroups of 64 keys): use tile_m={TILE_M}, tile_n={TILE_N}")
         if self.block_m <= 0 or self.block_m % TILE_M:
             p.append(f"block_m {self.block_m} must be a positive multiple of {TILE_M}")
-        if self.block_n != TILE_N // 2 and (self.block_n <= 0 or self.block_n % TILE_N):
-            p.append(f"block_n {self.block_n} must be {TILE_N // 2} or a positive multiple of {TILE_N} (one CTA "
-                     f"covers {TILE_N} keys: one key block, part of one, or two of {TILE_N // 2}); build the layout "
-                     f"with block_n=64 or 128")
+        if self.block_n <= 0 or self.block_n % (TILE_N // 2):
+            p.append(f"block_n {self.block_n} must be a positive multiple of {TILE_N // 2} (one CTA covers "
+                     f"{TILE_N} keys as two halves of {TILE_N // 2}); build the layout with block_n=64 or 128")
         if not p and self.smem_bytes() > self.arch.facts.smem_optin:
             p.append(f"needs {self.smem_bytes()} bytes of shared memory, over the {self.arch.facts.smem_optin} a "
                      f"Hopper CTA can have")
@@ -104,7 +110,7 @@ class AttnBwdConfig(KernelConfig):
     def nearest_valid(self) -> "AttnBwdConfig | None":
         hd = min(HEAD_DIMS, key=lambda d: (abs(d - self.head_dim), d))
         bm = max(TILE_M, (max(self.block_m, 1) + TILE_M - 1) // TILE_M * TILE_M)
-        bn = TILE_N // 2 if self.block_n <= TILE_N // 2 else (self.block_n + TILE_N - 1) // TILE_N * TILE_N
+        bn = max(TILE_N // 2, (self.block_n + TILE_N // 2 - 1) // (TILE_N // 2) * (TILE_N // 2))
         cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=TILE_M, tile_n=TILE_N,
                                    block_m=bm, block_n=bn)
         return None if cand.problems() else cand
@@ -116,7 +122,7 @@ class AttnBwdConfig(KernelConfig):
             "block_m": self.block_m,
             "block_n": self.tile_block_n,
             "deterministic": self.deterministic,
-            "pairs": self.block_n < TILE_N,
+            "pairs": self.pairs,
         }
 
 

@@ -78,23 +78,28 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     listed query block of all the heads that share its K/V and sums their dK/dV in registers. A shared layout
     (one head) stays shared; a per-head one gets Hl / group rows. W becomes group * W.
 
-    ``block_n`` 64: the kernel's CTA covers 128 keys, so neighbouring key blocks 2j and 2j + 1 become one column j
-    of the view, listing the union of their query blocks (ceil(nk / 2) columns); an entry whose query block lists
-    only one of the two carries PAIR_NO_HI or PAIR_NO_LO (the kernel masks that half) and the other bits of the
-    one it lists, an entry listing both the OR of their kinds (each rule is exact per element). The rest as above,
-    the pair being the key block."""
+    ``block_n`` not a multiple of 128 (64, 192, ...): the kernel's CTA covers 128 keys, so the view's columns are
+    128-key tiles, each two 64-key halves of one or two key blocks (64-wide blocks 2j and 2j + 1 make column j),
+    listing the union of the query blocks of both halves (ceil(nk * block_n / 128) columns, W = col_idx's width
+    * block_n / 64); an entry whose query block lists only one half carries PAIR_NO_HI or PAIR_NO_LO (that half's
+    warpgroup skips it) and the other bits of the block it lists, an entry listing both halves the OR of their
+    kinds (each rule is exact per element). The rest as above, the 128-key tile being the key block."""
     hl, w = col_idx.shape
     nq = row_sched.shape[1]
     nk = int(n_kblocks)
     dev = col_idx.device
     row, valid, rank = _slot_rows(col_idx, row_sched)
     col = col_idx.long()
-    pairs = block_n < 128
+    pairs = block_n % 128 != 0
     if pairs:
-        if block_n != 64:
-            raise InputError(f"block_n {block_n}: the backward takes 64-wide key blocks or multiples of 128")
-        block_kind = block_kind | torch.where(col % 2 == 0, PAIR_NO_HI, PAIR_NO_LO).to(torch.uint8)
-        col, nk = col // 2, (nk + 1) // 2
+        if block_n <= 0 or block_n % 64:
+            raise InputError(f"block_n {block_n}: the backward takes key blocks of a multiple of 64 columns")
+        m = block_n // 64  # 64-key units per key block; unit u is half u % 2 of the kernel's 128-key column u // 2
+        unit = col.unsqueeze(-1) * m + torch.arange(m, device=dev)
+        no_other = torch.where(unit % 2 == 0, PAIR_NO_HI, PAIR_NO_LO).to(torch.uint8)
+        block_kind = (block_kind.unsqueeze(-1) | no_other).reshape(hl, w * m)
+        row, valid, rank = (t.unsqueeze(-1).expand(hl, w, m).reshape(hl, w * m) for t in (row, valid, rank))
+        col, nk, w = (unit // 2).reshape(hl, w * m), (nk * m + 1) // 2, w * m
     if group * nq >= 1 << 24:  # the schedule packs a stacked query block in 24 bits (entry | kind << 24)
         raise InputError(f"{group} query heads per K/V head x {nq} query blocks do not fit the backward's 24-bit "
                          f"block index: split the call over query heads (each K/V head with its own group)")

@@ -2,7 +2,7 @@
 
     python dev/bwd_det_ab.py [--rounds 2]
 
-Variants change only the turns (attention_bwd.det_ranks: wave size, arrival estimate) and the tile-order head group
+Variants change only the turns (attention_bwd_view.det_ranks: wave size, arrival estimate) and the tile-order head group
 (attention_bwd.HEAD_GROUP), never the kernel; 'unsafe' variants give up the deadlock argument and are measured, not
 shipped. 25 % random top-k per head, 8K, D=128, fp16, the op body on a finished forward (BwdCall); effective TFLOPS
 (median of do_bench medians) and the cost over the fast kernel in the same round.
@@ -14,12 +14,13 @@ import torch
 
 import blackwell_sparsek as bsk
 import blackwell_sparsek.ops.attention_bwd as ab
+import blackwell_sparsek.ops.attention_bwd_view as abv
 from blackwell_sparsek.bench.backward import BwdCall, _time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--rounds", type=int, default=2)
 args = ap.parse_args()
-shipped = ab.det_ranks
+shipped = abv.det_ranks
 
 
 def variant(wave_div=2):
@@ -47,13 +48,13 @@ for B, H, hkv in ((2, 16, 16), (2, 16, 4)):
         t_fast = _time(fast)
         res.setdefault("fast", []).append(t_fast)
         for name, (fn, group) in VARIANTS.items():
-            ab.det_ranks, ab.HEAD_GROUP = fn, group
-            ab._TCACHE.clear()
+            abv.det_ranks, ab.HEAD_GROUP = fn, group
+            abv._TCACHE.clear()
             call = BwdCall(lay, B, H, S, D, torch.float16, det=True, hkv=hkv)
             res.setdefault(name, []).append(_time(call))
             del call
-        ab.det_ranks, ab.HEAD_GROUP = shipped, 0
-        ab._TCACHE.clear()
+        abv.det_ranks, ab.HEAD_GROUP = shipped, 0
+        abv._TCACHE.clear()
     t0 = statistics.median(res["fast"])
     for name, ts in res.items():
         t = statistics.median(ts)

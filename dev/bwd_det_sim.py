@@ -7,7 +7,7 @@ schedule order). Per CTA: a prologue P, then per 64-query tile an MMA step (T = 
 (2 buffers: tile i waits for the reduce of tile i - 2) and a reduce R (one in flight, in order), which in
 deterministic mode also waits for the tile's counter to reach the CTA's turn; an epilogue E. Event-driven, so a CTA
 may wait on one launched after it. Turn orders: 'key order' (each query block's own list, ascending key block, with
-key blocks launched in ascending order: the kernel before det_ranks) and 'arrival' (attention_bwd.det_ranks, with
+key blocks launched in ascending order: the kernel before det_ranks) and 'arrival' (attention_bwd_view.det_ranks, with
 the heaviest-first schedule). A model for choosing what to measure, not a result.
 """
 import collections

@@ -2,7 +2,7 @@
 
 The kernel (templates/attn_bwd.cu.j2 + templates/include/bsk/sm90/attn_bwd_*.hpp) runs one CTA per 128-key tile
 over the TRANSPOSED layout: for each key block, the query blocks that list it. 64-wide key blocks run as pairs:
-one CTA per two neighbouring key blocks, over the union of their columns (attention_bwd.transposed_view), and
+one CTA per two neighbouring key blocks, over the union of their columns (attention_bwd_view.transposed_view), and
 so do the 64-key halves of other widths that are not multiples of 128 (192, ...); the warpgroup of a half a
 query block does not list skips that entry. Two MMA warpgroups of 64 keys keep
 dK and dV in registers; a reducer warp adds each 64-query dQ tile into an fp32 accumulator with TMA reduce-add.
@@ -40,7 +40,7 @@ class AttnBwdConfig(KernelConfig):
     block_n: int = 128
     arch: Arch = Arch.SM90A
     # dQ contributions added in one fixed order (bitwise-identical gradients run to run); else unordered fp32
-    # TMA reduce-adds. The deterministic kernel adds them in the turns of attention_bwd.det_ranks.
+    # TMA reduce-adds. The deterministic kernel adds them in the turns of attention_bwd_view.det_ranks.
     deterministic: bool = False
 
     family: ClassVar[str] = "attn_bwd"
@@ -169,7 +169,7 @@ def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t
     aligned rows; dq_acc: (B, H, Sq, D) fp32 contiguous (the launcher zeroes it); t_*: the transposed layout
     (query blocks per key block; under GQA stacked per K/V head: transposed_view(group=H // Hkv)) and its
     schedule [1 or Hkv, nk, 4]; deterministic kernels also take t_rank (each entry's turn among its query block's
-    contributions, attention_bwd.det_ranks) and dq_sem (int32, B * H * ceil(Sq / 64), zeroed by the launcher);
+    contributions, attention_bwd_view.det_ranks) and dq_sem (int32, B * H * ceil(Sq / 64), zeroed by the launcher);
     the others take None for both. head_group: (batch, K/V head)s per group of the tile order, a divisor of
     B * Hkv (attention_bwd.tile_group picks it; the launcher refuses anything else, 0 included)."""
     B, H, Sq, D = q.shape

@@ -14,7 +14,8 @@ the stall reasons' shares and the instructions with the most samples. Runs and f
             ``88_hopper_fmha --b=1 --h=16 --q=32768 --k=256 --d=64``
   dsd       bsr_matmul, 8192^3 fp16, 128x128 blocks, 16 per block row (issue 27's headline)
   bwd       the attention backward op, (2, 16, 8192, 128) fp16, 25 % random top-k (issue 26's headline)
-  blocks64  forward, (2, 16, 8192, 128) bf16, 64x64 blocks, 25 % random per head, the dual schedule (issue 29)
+  blocks64  forward, (2, 16, 8192, 128) bf16, 64x64 blocks, 25 % random per head, the dual schedule (issue 29);
+            ``blocks64d64``: the same at D=64 (the three-stream dual kernel)
   regions CSV  the stall samples of a source-page CSV by straight-line code region (a hot loop, an unrolled
             epilogue, ...): where a long unrolled stretch holds many samples spread thin over its instructions
 """
@@ -55,9 +56,9 @@ def bwd():
     return BwdCall(L.random_topk(seq_q=8192, k=16, seed=0, num_heads=16), 2, 16, 8192, 128, torch.float16)
 
 
-def blocks64():
+def blocks64(d=128):
     lay = L.random_topk(8192, 32, seed=1, block_m=64, block_n=64, num_heads=16).to("cuda")
-    q, k, v = (torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(2, 16, 8192, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     return lambda: bsk.sparse_attention(q, k, v, lay)
 
 
@@ -109,7 +110,7 @@ def main() -> None:
         (stalls if sys.argv[1] == "stalls" else regions)(sys.argv[2])
         return
     fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "bwd": bwd,
-          "blocks64": blocks64}[sys.argv[1]]()
+          "blocks64": blocks64, "blocks64d64": lambda: blocks64(64)}[sys.argv[1]]()
     for _ in range(5):
         fn()
     torch.cuda.synchronize()

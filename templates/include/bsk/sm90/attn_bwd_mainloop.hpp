@@ -219,10 +219,6 @@ struct BwdMainloop
     reduce_dq<BwdMainloop>(blk_coord, params, problem_size, pipeline_reducer, smem_pipe_read_reducer, storage);
   }
 
-  // One MMA warpgroup: 64 keys (get<1>(wg_coord) is this warpgroup's 64-key tile), dK and dV in registers over
-  // every listed 64-query tile. Per tile: S^T = K Q^T and dP^T = V dO^T; P^T from LSE2 (masked blocks only get the
-  // element mask); dS^T = P^T (dP^T - delta) * scale; dV += P^T dO; dK += dS^T Q; dQ = dS K over both warpgroups'
-  // dS (shared memory) goes to the reducer. Both exponentiate in turn (example 88's order barrier). dQ: example
   // Pairs of 64-wide key blocks: this warpgroup's half of the key tile is not listed by the entry's query block, so
   // its P and dS would be 0. It computes nothing but keeps the order barrier's turns, and the dQ tile still goes to
   // the reducer: warpgroup 0 writes zeros as its half of dS, warpgroup 1 (its half idle) multiplies only
@@ -260,6 +256,10 @@ struct BwdMainloop
     ++smem_pipe_write_reducer;
   }
 
+  // One MMA warpgroup: 64 keys (get<1>(wg_coord) is this warpgroup's 64-key tile), dK and dV in registers over
+  // every listed 64-query tile. Per tile: S^T = K Q^T and dP^T = V dO^T; P^T from LSE2 (masked blocks only get the
+  // element mask); dS^T = P^T (dP^T - delta) * scale; dV += P^T dO; dK += dS^T Q; dQ = dS K over both warpgroups'
+  // dS (shared memory) goes to the reducer. Both exponentiate in turn (example 88's order barrier). dQ: example
   // 88's sequence (warpgroup 0 stores dS, warpgroup 1 runs the whole dQ GEMM). Splitting dQ's columns between the
   // warpgroups, as FlashAttention-3 does, measured 7-10 % slower here (H100, H200): warpgroup 0 then waits for
   // warpgroup 1's dS every tile.

@@ -31,6 +31,7 @@ def pair_layouts():
                                                   block_n=64),
         "topk_128x192_per_head": L.random_topk(1500, 2, seed=4, num_heads=2, block_m=128, block_n=192),
         "causal_64x192_odd": L.causal(700, 1000, block_m=64, block_n=192),
+        "one_block_50": L.random_topk(50, 1, seed=0, block_m=64, block_n=64),  # one key block: no high half
     }
 
 

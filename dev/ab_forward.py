@@ -44,12 +44,12 @@ def child() -> None:
                "topk64": lambda: L.random_topk(s, s // 64 // 4, seed=1, num_heads=h, block_m=64, block_n=64),
                "dense": lambda: L.dense(s), "causal": lambda: L.causal(s),
                "window": lambda: L.sliding_window(s, 2048)}[pat]().to("cuda")
-        g = torch.Generator(device="cuda").manual_seed(7)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
-        if sched == "BWD":
+        if sched == "BWD":  # its own inputs, forward and dO
             from blackwell_sparsek.bench.backward import BwdCall
             fn, mult = BwdCall(lay, b, h, s, d, torch.float16), 2.5
         else:
+            g = torch.Generator(device="cuda").manual_seed(7)
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
             cfg = getattr(bsk.Schedule, sched)
             fn, mult = (lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)), 1.0  # noqa: E731
         fn()

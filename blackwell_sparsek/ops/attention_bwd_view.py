@@ -18,11 +18,9 @@ PAIR_NO_LO, PAIR_NO_HI = 4, 8
 
 # -- the transposed view -----------------------------------------------------------------------------------------
 
-def _slot_rows(col_idx: torch.Tensor, row_sched: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(row, valid, rank) per col_idx slot [Hl, W]: the query-block row each slot belongs to, whether it is a listed
-    block (padding after the head's last row is not), and its position in the row. From the schedule entries
-    (row, start, end, first)."""
+def _slot_rows(col_idx: torch.Tensor, row_sched: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, valid) per col_idx slot [Hl, W]: the query-block row each slot belongs to, and whether it is a listed
+    block (padding after the head's last row is not). From the schedule entries (row, start, end, first)."""
     hl, w = col_idx.shape
     nq = row_sched.shape[1]
     dev = col_idx.device
@@ -33,7 +31,7 @@ def _slot_rows(col_idx: torch.Tensor, row_sched: torch.Tensor
     ptr[:, 1:] = torch.cumsum(counts, 1)
     pos = torch.arange(w, device=dev).expand(hl, w).contiguous()
     row = (torch.searchsorted(ptr, pos, right=True) - 1).clamp_(0, nq - 1)
-    return row, pos < ptr[:, -1:], pos - torch.gather(ptr, 1, row)
+    return row, pos < ptr[:, -1:]
 
 
 def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: torch.Tensor, n_kblocks: int,
@@ -67,7 +65,7 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     nq = row_sched.shape[1]
     nk = int(n_kblocks)
     dev = col_idx.device
-    row, valid, rank = _slot_rows(col_idx, row_sched)
+    row, valid = _slot_rows(col_idx, row_sched)
     col = col_idx.long()
     pairs = block_n % 128 != 0
     if pairs:
@@ -77,7 +75,7 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
         unit = col.unsqueeze(-1) * m + torch.arange(m, device=dev)
         no_other = torch.where(unit % 2 == 0, PAIR_NO_HI, PAIR_NO_LO).to(torch.uint8)
         block_kind = (block_kind.unsqueeze(-1) | no_other).reshape(hl, w * m)
-        row, valid, rank = (t.unsqueeze(-1).expand(hl, w, m).reshape(hl, w * m) for t in (row, valid, rank))
+        row, valid = (t.unsqueeze(-1).expand(hl, w, m).reshape(hl, w * m) for t in (row, valid))
         col, nk, w = (unit // 2).reshape(hl, w * m), (nk * m + 1) // 2, w * m
     if group * nq >= 1 << 24:  # the schedule packs a stacked query block in 24 bits (entry | kind << 24)
         raise InputError(f"{group} query heads per K/V head x {nq} query blocks do not fit the backward's 24-bit "
@@ -88,10 +86,10 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
                 raise InputError(f"a per-head layout of {hl} heads cannot be grouped by {group}")
             hl //= group
         else:
-            row, valid, rank, col, block_kind = (t.expand(group, w) for t in (row, valid, rank, col, block_kind))
+            row, valid, col, block_kind = (t.expand(group, w) for t in (row, valid, col, block_kind))
         r = torch.arange(group, device=dev).repeat(hl).view(hl * group, 1)
         row = row + r * nq
-        row, valid, rank, col, block_kind = (t.reshape(hl, group * w) for t in (row, valid, rank, col, block_kind))
+        row, valid, col, block_kind = (t.reshape(hl, group * w) for t in (row, valid, col, block_kind))
         nq_head, nq, w = nq, nq * group, w * group
     else:
         nq_head = nq
@@ -100,24 +98,23 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     skey, order = torch.sort(key, dim=1, stable=True)
     kind = torch.gather(block_kind, 1, order)
     if pairs:
-        skey, order, kind = _merge_pairs(skey, order, kind, end_key)
+        skey, kind = _merge_pairs(skey, kind, end_key)
     svalid = skey < end_key
     t_q = torch.where(svalid, skey % nq, torch.zeros_like(skey))
     if seq_q % block_m:
         kind = kind | ((t_q % nq_head == nq_head - 1) & svalid).to(torch.uint8) * _BOUNDS
     kind = torch.where(svalid, kind, torch.zeros_like(kind))
     t_q_idx = t_q.to(torch.int32)
-    t_rank = torch.where(svalid, torch.gather(rank, 1, order), torch.zeros_like(rank)).to(torch.int32)
     # the sorted keys' columns (nk past the listed ones) give each key block's [start, end) directly
     tcol = torch.where(svalid, torch.div(skey, nq, rounding_mode="floor"), torch.full_like(skey, nk)).contiguous()
     tptr = torch.searchsorted(tcol, torch.arange(nk + 1, device=dev).expand(hl, nk + 1).contiguous())
     tcounts = tptr[:, 1:] - tptr[:, :-1]
     korder = torch.sort(tcounts, dim=1, descending=True, stable=True).indices
-    if pairs:
-        t_rank = _positions(t_q, svalid, nq).to(torch.int32)
     if deterministic:
-        t_rank = det_ranks(t_q, tcol, tptr, korder, block_m // 64, max(1, block_n // 128), sms,
-                           interleave).to(torch.int32)
+        t_rank = det_ranks(t_q, tcol, tptr, korder, block_m // 64, max(1, block_n // 128), sms, interleave)
+    else:
+        t_rank = _positions(t_q, svalid, nq)
+    t_rank = t_rank.to(torch.int32)
     start = torch.gather(tptr[:, :-1], 1, korder)
     end = torch.gather(tptr[:, 1:], 1, korder)
     packed = t_q_idx.long() | (kind.long() << 24)
@@ -126,9 +123,8 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     return t_q_idx.contiguous(), kind.contiguous(), t_sched, t_rank.contiguous()
 
 
-def _merge_pairs(skey: torch.Tensor, order: torch.Tensor, kind: torch.Tensor, end_key: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sorted (pair column, query block) keys with their slot order and kinds -> the same with each pair listed
+def _merge_pairs(skey: torch.Tensor, kind: torch.Tensor, end_key: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted (pair column, query block) keys with their kinds -> the same with each pair listed
     once: where both halves list a query block, the first entry takes the OR of the two kinds less the PAIR_NO
     bits and the second moves past the listed entries (key end_key). No host sync."""
     dup = (skey[:, 1:] == skey[:, :-1]) & (skey[:, 1:] < end_key)  # entry i + 1 repeats entry i
@@ -138,11 +134,12 @@ def _merge_pairs(skey: torch.Tensor, order: torch.Tensor, kind: torch.Tensor, en
     kind = torch.where(both, (kind | nxt) & (0xFF ^ PAIR_NO_LO ^ PAIR_NO_HI), kind)
     skey = torch.where(later, torch.full_like(skey, end_key), skey)
     skey, again = torch.sort(skey, dim=1, stable=True)
-    return skey, torch.gather(order, 1, again), torch.gather(kind, 1, again)
+    return skey, torch.gather(kind, 1, again)
 
 
 def _positions(t_q: torch.Tensor, valid: torch.Tensor, nq: int) -> torch.Tensor:
-    """Each listed entry's position among its query block's entries (columns ascending; 0 elsewhere)."""
+    """Each listed entry's position among its query block's entries (columns ascending; 0 elsewhere): the entry's
+    place in its query block's own row of the layout (of 128-key columns for 64-key halves)."""
     w = t_q.shape[1]
     qkey = torch.where(valid, t_q, torch.full_like(t_q, nq))
     sq, o = torch.sort(qkey, dim=1, stable=True)
@@ -232,7 +229,7 @@ def element_mask(col_idx, block_kind, row_sched, meta, seq_q: int, seq_k: int, b
     """bool [Hl, seq_q, seq_k]: the element mask the op's layout arguments describe (for the dense path)."""
     hl = col_idx.shape[0]
     nq, nk = row_sched.shape[1], int(meta[2])
-    row, valid, _ = _slot_rows(col_idx, row_sched)
+    row, valid = _slot_rows(col_idx, row_sched)
     h = torch.arange(hl, device=col_idx.device).unsqueeze(1).expand_as(row)
     grid = torch.full((hl, nq, nk), -1, dtype=torch.int16, device=col_idx.device)
     grid[h[valid], row[valid], col_idx.long()[valid]] = block_kind[valid].to(torch.int16)

@@ -257,6 +257,7 @@ def test_backward_bench_counts_64_blocks_and_pair_fill():
     assert bb._flops(lay64, 1, 2, 128, 2.5) == pytest.approx(2.5 * 4 * 128 * sum(lay64.nnz_per_head) * 64 * 64)
     assert bb.pair_fill(L.dense(1024, block_m=64, block_n=64)) == 1.0
     assert 0.5 < bb.pair_fill(lay64) < 0.75
+    assert bb.pair_fill(L.dense(1536, block_m=128, block_n=192)) == 1.0  # halves of 192-key blocks
     assert any(c["name"] == "topk25_b64_d128" for c in bb.cases(False))
 
 

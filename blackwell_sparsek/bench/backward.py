@@ -50,13 +50,14 @@ def _flops(layout, B, H, D, mult) -> float:
 
 
 def pair_fill(layout) -> float:
-    """64-wide key blocks run as pairs over the union of two columns: listed blocks / (2 x pair entries), the
-    share of the backward's 128-key work that is listed (1.0 when both halves of every pair entry are listed)."""
+    """Key blocks that are not whole 128-key tiles (64, 192, ...) run as 64-key halves of 128-key columns over the
+    union of the halves' query blocks: listed halves / (2 x column entries), the share of the backward's 128-key
+    work that is listed (1.0 when both halves of every entry are listed)."""
     import blackwell_sparsek.ops.attention_bwd as ab
     t_sched = ab.transposed_view(layout.col_idx, layout.block_kind, layout.row_schedule(), layout.n_kblocks,
                                  layout.seq_q, layout.block_m, block_n=layout.block_n)[2]
     entries = int((t_sched[..., 2] - t_sched[..., 1]).sum())
-    return sum(layout.nnz_per_head) / (2 * entries)
+    return sum(layout.nnz_per_head) * (layout.block_n // 64) / (2 * entries)
 
 
 def _time(fn: Callable[[], Any]) -> float:
@@ -228,7 +229,7 @@ def run_case(c: dict[str, Any], rows: list[dict[str, Any]], notes: dict[str, Any
     t_ours = _time(call)
     add("bsk bwd", t_ours, call.flops)
     key = f"{c['name']}_{_dt(dt)}"
-    if layout.block_n == 64:
+    if layout.block_n % 128:
         notes[f"{key}_pair_fill"] = pair_fill(layout)
     if c.get("extras") or c.get("host"):
         notes[f"{key}_graph_ms"] = call.graph_ms()

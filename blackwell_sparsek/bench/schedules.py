@@ -1,8 +1,9 @@
 """Which schedule is faster on which mask family, and how close the default comes: both two-warpgroup schedules
 (cooperative, ping-pong) and the default choice timed in the same run on dense, causal, random top-k (shared and
-per head), a causal 2K window, document (block-diagonal) and BigBird-style (global + band + random) masks.
+per head), rows of random length (learned top-k with a threshold), a causal 2K window, document (block-diagonal),
+BigBird-style (global + band + random) masks and BigBird without its global rows.
 
-    python -m blackwell_sparsek.bench.schedules [--json PATH] [--d 64 128] [--quick]
+    python -m blackwell_sparsek.bench.schedules [--json PATH] [--d 64 128] [--s 8192] [--rounds 2] [--quick]
 
 Prints one row per (mask, head dim): effective TFLOPS of each schedule, the default's pick and its ratio to the
 faster schedule. Every output is checked against the other schedule's (relative error) before timing.
@@ -10,6 +11,7 @@ faster schedule. Every output is checked against the other schedule's (relative 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from typing import Any
 
@@ -35,14 +37,28 @@ def _documents(s: int, seed: int, heads: int) -> Any:
     return L.from_block_mask(mask, seq_q=s, seq_k=s)
 
 
-def _bigbird(s: int, seed: int, n_global: int = 2, band: int = 3, n_random: int = 3) -> Any:
-    """Global rows and columns, a band of 2*band+1 blocks and n_random random blocks per row (all FULL)."""
+def _varlen(s: int, seed: int, heads: int, lo: int, hi: int) -> Any:
+    """Rows of lo..hi random key blocks (uniform length, per head and row; learned top-k with a threshold)."""
+    import torch
+    nb = -(-s // BLOCK)
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.rand(heads, nb, nb, generator=gen)
+    n = torch.randint(lo, hi + 1, (heads, nb, 1), generator=gen).clamp(max=nb)
+    rank = scores.argsort(dim=2).argsort(dim=2)
+    return L.from_block_mask(rank < n, seq_q=s, seq_k=s)
+
+
+def _bigbird(s: int, seed: int, n_global: int = 2, band: int = 3, n_random: int = 3, global_rows: bool = True
+             ) -> Any:
+    """Global rows and columns, a band of 2*band+1 blocks and n_random random blocks per row (all FULL);
+    without global_rows only the global columns."""
     import torch
     nb = -(-s // BLOCK)
     gen = torch.Generator().manual_seed(seed)
     r = torch.arange(nb)
     mask = (r.unsqueeze(1) - r.unsqueeze(0)).abs() <= band
-    mask[:n_global, :] = True
+    if global_rows:
+        mask[:n_global, :] = True
     mask[:, :n_global] = True
     cols = torch.randint(0, nb, (nb, n_random), generator=gen)
     mask[r.unsqueeze(1), cols] = True
@@ -59,10 +75,14 @@ def masks(s: int, h: int) -> dict[str, Any]:
         "window2K": L.sliding_window(s, 2048),
         "documents": _documents(s, 3, 1),
         "bigbird": _bigbird(s, 4),
+        "bigbird-noglobal": _bigbird(s, 4, band=1, global_rows=False),
+        "varlen25": _varlen(s, 5, h, k // 2, k + k // 2),
+        "varlen-short": _varlen(s, 6, h, 4, 12),
     }
 
 
-def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float) -> list[dict[str, Any]]:
+def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float, rounds: int = 1
+        ) -> list[dict[str, Any]]:
     import torch
 
     from .. import ops
@@ -76,11 +96,14 @@ def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float
             lay = lay.to("cuda")
             # nnz sums the layout's heads; a shared layout (1 head) serves all h query heads
             flops = 4.0 * b * d * BLOCK * BLOCK * lay.nnz * (h // lay.num_heads)
-            times, outs = {}, {}
-            for sched in (Schedule.COOPERATIVE, Schedule.PINGPONG):
-                fn = lambda sched=sched: ops.sparse_attention(q, k, v, lay, config=sched)  # noqa: E731
-                outs[sched.value] = fn()
-                times[sched.value] = bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms
+            fns = {sched.value: (lambda sched=sched: ops.sparse_attention(q, k, v, lay, config=sched))
+                   for sched in (Schedule.COOPERATIVE, Schedule.PINGPONG)}
+            outs = {sched: fn() for sched, fn in fns.items()}
+            runs: dict[str, list[float]] = {sched: [] for sched in fns}
+            for i in range(rounds):  # interleaved, the order alternating: neither schedule always runs warmer
+                for sched in (list(fns) if i % 2 == 0 else list(fns)[::-1]):
+                    runs[sched].append(bench(fns[sched], warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms)
+            times = {sched: statistics.median(t) for sched, t in runs.items()}
             err = relative_error(outs["pingpong"], outs["cooperative"].float())
             pick = ops.default_config(d, torch.float16, lay).schedule.value
             fastest = min(times, key=times.get)
@@ -90,16 +113,21 @@ def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float
                    "default": pick, "fastest": fastest, "default_vs_fastest": times[fastest] / times[pick],
                    "rel_err_between_schedules": err}
             rows.append(row)
-            print(f"  {name:<16} d={d:<3} coop {row['tflops_cooperative']:6.1f}  pp {row['tflops_pingpong']:6.1f}  "
-                  f"default {pick:<11} {row['default_vs_fastest']:.3f} of the faster  (err {err:.1e})",
+            print(f"  {name:<16} s={s:<6} d={d:<3} stats {row['row_stats']} coop {row['tflops_cooperative']:6.1f}  "
+                  f"pp {row['tflops_pingpong']:6.1f}  default {pick:<11} {row['default_vs_fastest']:.3f} of faster  "
+                  f"(err {err:.1e})",
                   file=sys.stderr, flush=True)
     return rows
 
 
 def table(rows: list[dict[str, Any]], gpu: str) -> str:
-    out = [f"GPU: {gpu}", "| mask | D | cooperative | ping-pong | default | default / faster |", "|---|---|---|---|---|---|"]
+    out = [f"GPU: {gpu}",
+           "| mask | S | D | rows: mean, cv, short | cooperative | ping-pong | default | default / faster |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['mask']} | {r['d']} | {r['tflops_cooperative']:.0f} | {r['tflops_pingpong']:.0f} | "
+        stats = ", ".join(f"{x:g}" for x in r["row_stats"])
+        out.append(f"| {r['mask']} | {r['s']} | {r['d']} | {stats} | {r['tflops_cooperative']:.0f} | "
+                   f"{r['tflops_pingpong']:.0f} | "
                    f"{r['default']} | {r['default_vs_fastest']:.3f} |")
     return "\n".join(out)
 
@@ -107,6 +135,8 @@ def table(rows: list[dict[str, Any]], gpu: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m blackwell_sparsek.bench.schedules", description=__doc__.split("\n")[0])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128], help="head dims (default 64 128)")
+    ap.add_argument("--s", type=int, nargs="+", default=[8192], help="sequence lengths (default 8192; batch 2)")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds per case (median)")
     ap.add_argument("--json", help="write the rows as JSON to this path")
     ap.add_argument("--quick", action="store_true", help="shorter timings (a smoke run)")
     a = ap.parse_args(argv)
@@ -114,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
-    shapes = [(2, 16, 8192, d) for d in a.d]
-    rows = run(shapes, warmup_ms=100 if a.quick else 300, rep_ms=50 if a.quick else 200)
+    shapes = [(2, 16, s, d) for s in a.s for d in a.d]
+    rows = run(shapes, warmup_ms=100 if a.quick else 300, rep_ms=50 if a.quick else 200, rounds=a.rounds)
     return finish_rows(rows, table, a.json)
 
 

@@ -23,14 +23,18 @@ _DUAL = {(64, 64): (3, 7), (64, 128): (2, 6), (128, 64): (2, 5)}
 # When one CTA per tile in heaviest-first order (cooperative: the hardware hands tiles to free SMs) beats
 # persistent ping-pong CTAs (a static round-robin of the same order), from layout.row_stats() = (mean blocks per
 # row, coefficient of variation, fraction of rows shorter than the longest). Fitted to same-run measurements of
-# both schedules over seven mask families at D=64 and 128 on H100s (python -m blackwell_sparsek.bench.schedules,
-# bench/results/h100/schedules.json): rows whose lengths spread widely (causal: cv 0.57; BigBird's global rows)
-# go cooperative at both head dims; at D=128, where ping-pong's overlap gains less, so do layouts with many
-# short rows (a 2K window at 8K tokens, documents); at D=64 so do long uniform rows (dense at 8K: +2-3 % in
-# three runs). Elsewhere ping-pong (top-k, windows at long lengths) by 3-12 %.
+# both schedules over ten mask families at 8K and 32K tokens, D=64 and 128, on an H100 and an H200
+# (python -m blackwell_sparsek.bench.schedules, bench/results/<gpu>/schedules.json): rows whose lengths spread
+# widely (causal: cv 0.57) go cooperative at both head dims; at D=128 so do long rows of varied length (a 2K
+# window at 8K tokens, learned top-k rows of 8..24 or 32..96 blocks: 2-7 % ahead), where the static round-robin
+# leaves some SMs the longer rows, and rows of 128+ blocks (dense at 32K: 3-4 %). Short rows stay ping-pong even
+# when their lengths vary (documents, varied top-k rows of 4..12 blocks, BigBird's band without its global rows:
+# 4-14 % ahead at 32K): a CTA per short row pays its prologue on few blocks. D=64 runs ping-pong wherever the
+# spread allows (long uniform rows too: 1-4 % ahead).
 SPREAD_CV = 0.45
-SHORT_ROWS_D128 = 0.10
-LONG_ROWS_D64 = 48
+VARIED_CV_D128 = 0.2
+VARIED_ROWS_D128 = 12
+LONG_ROWS_D128 = 128
 
 
 def default_schedule(head_dim: int, block_m: int, stats: tuple[float, float, float], split: bool = False
@@ -38,19 +42,20 @@ def default_schedule(head_dim: int, block_m: int, stats: tuple[float, float, flo
     """The schedule sparse_attention picks: for 64-row blocks the dual kernel (two or three MMA warpgroups, each
     on its own 64-row block) up to head_dim 128, the single-warpgroup one at 256 (the dual kernel's two K/V rings
     do not fit); cooperative at head_dim 256 and where the rows' statistics say so (above), ping-pong otherwise.
-    ``split``: the layout runs split-KV, whose pieces remove the long rows that made the spread (cv) high, so the
-    spread no longer decides (split rows of global tokens at D=64: ping-pong 14 % ahead of cooperative, same
-    run)."""
+    ``split``: the layout runs split-KV, whose pieces (longer than its other rows) run cooperative at D=128
+    (BigBird at 8K: 6-9 % ahead, global rows at 32K: 1-4 %) and ping-pong at D=64 (5-14 %), same runs."""
     if block_m % 128:
         return Schedule.DUAL if head_dim <= 128 else Schedule.SINGLE
-    mean, cv, short = stats
-    if split:
-        cv = 0.0
-    if head_dim > 128 or cv > SPREAD_CV:
+    mean, cv, _ = stats
+    if head_dim > 128:
         return Schedule.COOPERATIVE
-    if head_dim >= 128:
-        return Schedule.COOPERATIVE if short > SHORT_ROWS_D128 else Schedule.PINGPONG
-    return Schedule.COOPERATIVE if mean >= LONG_ROWS_D64 and short == 0 else Schedule.PINGPONG
+    if split:
+        return Schedule.COOPERATIVE if head_dim >= 128 else Schedule.PINGPONG
+    if cv > SPREAD_CV:
+        return Schedule.COOPERATIVE
+    if head_dim >= 128 and (mean >= LONG_ROWS_D128 or (cv >= VARIED_CV_D128 and mean >= VARIED_ROWS_D128)):
+        return Schedule.COOPERATIVE
+    return Schedule.PINGPONG
 
 
 # -- config choice ------------------------------------------------------------------------------------------

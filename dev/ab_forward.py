@@ -23,6 +23,8 @@ CASES = [  # name, (B, H, S, D), layout, schedule
     ("topk25-d64-pp", (1, 8, 8192, 64), "topk", "PINGPONG"),
     ("dense-d64-coop", (1, 8, 8192, 64), "dense", "COOPERATIVE"),
     ("topk25-b64-d64-dual", (2, 16, 8192, 64), "topk64", "DUAL"),  # 64x64 blocks: three streams
+    ("topk25-b64-d64-dual-bf16", (2, 16, 8192, 64), "topk64", "DUAL"),  # issue 29's case
+    ("topk12-b64-d64-dual-bf16", (2, 16, 8192, 64), "topk64e", "DUAL"),  # 12.5 %
     # backward alone on a finished forward (bench.backward.BwdCall: the op's body, as an eager backward runs it)
     ("bwd-topk25-d128", (2, 16, 8192, 128), "topk", "BWD"),
     ("bwd-dense-d128", (2, 16, 8192, 128), "dense", "BWD"),
@@ -42,6 +44,7 @@ def child() -> None:
             continue
         lay = {"topk": lambda: L.random_topk(s, s // 128 // 4, seed=1, num_heads=h),
                "topk64": lambda: L.random_topk(s, s // 64 // 4, seed=1, num_heads=h, block_m=64, block_n=64),
+               "topk64e": lambda: L.random_topk(s, s // 64 // 8, seed=1, num_heads=h, block_m=64, block_n=64),
                "dense": lambda: L.dense(s), "causal": lambda: L.causal(s),
                "window": lambda: L.sliding_window(s, 2048)}[pat]().to("cuda")
         if sched == "BWD":  # its own inputs, forward and dO
@@ -49,7 +52,8 @@ def child() -> None:
             fn, mult = BwdCall(lay, b, h, s, d, torch.float16), 2.5
         else:
             g = torch.Generator(device="cuda").manual_seed(7)
-            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
+            dt = torch.bfloat16 if name.endswith("-bf16") else torch.float16
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt, generator=g) for _ in range(3))
             cfg = getattr(bsk.Schedule, sched)
             fn, mult = (lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)), 1.0  # noqa: E731
         fn()

@@ -29,6 +29,7 @@ CASES = [  # name, (B, H, S, D), layout, schedule
     ("bwd-topk25-d128", (2, 16, 8192, 128), "topk", "BWD"),
     ("bwd-dense-d128", (2, 16, 8192, 128), "dense", "BWD"),
     ("bwd-topk25-b64-d128", (2, 16, 8192, 128), "topk64", "BWD"),  # 64x64 blocks: pairs of key blocks
+    ("bwd-topk25-b64-d128-det", (2, 16, 8192, 128), "topk64", "BWD"),  # the same, deterministic
 ]
 
 
@@ -49,7 +50,7 @@ def child() -> None:
                "window": lambda: L.sliding_window(s, 2048)}[pat]().to("cuda")
         if sched == "BWD":  # its own inputs, forward and dO
             from blackwell_sparsek.bench.backward import BwdCall
-            fn, mult = BwdCall(lay, b, h, s, d, torch.float16), 2.5
+            fn, mult = BwdCall(lay, b, h, s, d, torch.float16, det=name.endswith("-det")), 2.5
         else:
             g = torch.Generator(device="cuda").manual_seed(7)
             dt = torch.bfloat16 if name.endswith("-bf16") else torch.float16

@@ -221,21 +221,19 @@ struct BwdMainloop
 
   // Pairs of 64-wide key blocks: this warpgroup's half of the key tile is not listed by the entry's query block, so
   // its P and dS would be 0. It computes nothing but keeps the order barrier's turns, and the dQ tile still goes to
-  // the reducer: warpgroup 0 writes zeros as its half of dS, warpgroup 1 (its half idle) multiplies only
-  // warpgroup 0's half. The listed warpgroup runs the full step, so that code is the 128-key kernel's.
-  template <class StateK, class TDS, class TK, class TSDS, class TSDQ, class MmaMD, class PipelineReducer,
-            class StateReducer, class OrderBarrier>
+  // the reducer: warpgroup 1 (its half idle) multiplies only warpgroup 0's half of dS; with warpgroup 0 idle,
+  // warpgroup 1's full step multiplies only its own half (compute()), so warpgroup 0 stores nothing. The listed
+  // warpgroup otherwise runs the 128-key kernel's step.
+  template <class StateK, class TDS, class TK, class TSDQ, class MmaMD, class PipelineReducer, class StateReducer,
+            class OrderBarrier>
   CUTLASS_DEVICE void idle_step(int wg_idx, StateK const& read_k_other, TDS const& tDQrDS, TK const& tDQrK,
-                                TSDS& tDPsDS, TSDQ& tDQsDQ_full, MmaMD& tiled_mma_md,
+                                TSDQ& tDQsDQ_full, MmaMD& tiled_mma_md,
                                 PipelineReducer& pipeline_reducer, StateReducer& smem_pipe_write_reducer,
                                 OrderBarrier& math_wg_order_barrier) {
     math_wg_order_barrier.wait();  // the exp turn
     math_wg_order_barrier.arrive();
     if (wg_idx == 0) {
-      math_wg_order_barrier.wait();
-      Tensor zero_ds = make_fragment_like<Element>(partition_fragment_C(TiledMmaNM{}, take<0, 2>(TileShapeNM{})));
-      fill(zero_ds, Element(0));
-      store_ds<Element>(tDPsDS, zero_ds, 0);
+      math_wg_order_barrier.wait();  // the dS turn: nothing to store, warpgroup 1 multiplies only its own half
       math_wg_order_barrier.arrive();
       pipeline_reducer.producer_acquire(smem_pipe_write_reducer);
       pipeline_reducer.producer_commit(smem_pipe_write_reducer);
@@ -351,7 +349,7 @@ struct BwdMainloop
 
       if constexpr (Pairs) {
         if (kind & (wg_idx == 0 ? kPairNoLo : kPairNoHi)) {
-          idle_step(wg_idx, read_k_other, tDQrDS, tDQrK, tDPsDS, tDQsDQ_full, tiled_mma_md, pipeline_reducer,
+          idle_step(wg_idx, read_k_other, tDQrDS, tDQrK, tDQsDQ_full, tiled_mma_md, pipeline_reducer,
                     smem_pipe_write_reducer, math_wg_order_barrier);
           pipeline_inner.consumer_release(release_inner);
           ++release_inner;
@@ -424,8 +422,19 @@ struct BwdMainloop
         Tensor acc_DQ = partition_fragment_C(tiled_mma_md, take<0, 2>(TileShapeMD{}));
         warpgroup_fence_operand(acc_DQ);
         warpgroup_arrive();
-        fmha_c::gemm_zero_acc(tiled_mma_md, tDQrDS(_, _, _, 0), tDQrK(_, _, _, read_k_other.index()), acc_DQ);
-        cute::gemm(tiled_mma_md, tDQrDS(_, _, _, 1), tDQrK(_, _, _, read_k.index()), acc_DQ);
+        auto dq_both_halves = [&] {
+          fmha_c::gemm_zero_acc(tiled_mma_md, tDQrDS(_, _, _, 0), tDQrK(_, _, _, read_k_other.index()), acc_DQ);
+          cute::gemm(tiled_mma_md, tDQrDS(_, _, _, 1), tDQrK(_, _, _, read_k.index()), acc_DQ);
+        };
+        if constexpr (Pairs) {
+          if (kind & kPairNoLo) {  // warpgroup 0 idles on this entry (idle_step): its half of dS is zero
+            fmha_c::gemm_zero_acc(tiled_mma_md, tDQrDS(_, _, _, 1), tDQrK(_, _, _, read_k.index()), acc_DQ);
+          } else {
+            dq_both_halves();
+          }
+        } else {
+          dq_both_halves();
+        }
         warpgroup_commit_batch();
 
         warpgroup_fence_operand(acc_DK);

@@ -1,9 +1,9 @@
 """Deterministic backward: the cost of its dQ turns under variants of det_ranks, one process (dev).
 
-    python dev/bwd_det_ab.py [--rounds 2]
+    python dev/bwd_det_ab.py [--rounds 2] [--block 64]
 
 Variants change only the turns (attention_bwd_view.det_ranks: wave size, arrival estimate) and the tile-order head group
-(attention_bwd.HEAD_GROUP), never the kernel; 'unsafe' variants give up the deadlock argument and are measured, not
+(attention_bwd.HEAD_GROUP), never the kernel (--block 64: 64x64 blocks, the pair kernels, MHA only); 'unsafe' variants give up the deadlock argument and are measured, not
 shipped. 25 % random top-k per head, 8K, D=128, fp16, the op body on a finished forward (BwdCall); effective TFLOPS
 (median of do_bench medians) and the cost over the fast kernel in the same round.
 """
@@ -19,6 +19,7 @@ from blackwell_sparsek.bench.backward import BwdCall, _time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--rounds", type=int, default=2)
+ap.add_argument("--block", type=int, default=128, choices=[64, 128])
 args = ap.parse_args()
 shipped = abv.det_ranks
 
@@ -40,8 +41,9 @@ VARIANTS = {
 }
 S, D = 8192, 128
 print(torch.cuda.get_device_name())
-for B, H, hkv in ((2, 16, 16), (2, 16, 4)):
-    lay = bsk.BlockSparseLayout.random_topk(S, 16, seed=1, num_heads=H)
+bk = args.block
+for B, H, hkv in ((2, 16, 16), (2, 16, 4))[:1 if bk == 64 else 2]:
+    lay = bsk.BlockSparseLayout.random_topk(S, S // bk // 4, seed=1, num_heads=H, block_m=bk, block_n=bk)
     fast = BwdCall(lay, B, H, S, D, torch.float16, hkv=hkv)
     res = {}
     for r in range(args.rounds):
@@ -58,5 +60,5 @@ for B, H, hkv in ((2, 16, 16), (2, 16, 4)):
     t0 = statistics.median(res["fast"])
     for name, ts in res.items():
         t = statistics.median(ts)
-        print(f"B{B} H{H} Hkv{hkv} {name:36s} {fast.flops / t / 1e9:5.0f} TFLOPS  +{(t / t0 - 1) * 100:5.1f} %  "
+        print(f"B{B} H{H} Hkv{hkv} b{bk} {name:36s} {fast.flops / t / 1e9:5.0f} TFLOPS  +{(t / t0 - 1) * 100:5.1f} %  "
               f"({', '.join(f'{x:.3f}' for x in ts)} ms)")

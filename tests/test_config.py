@@ -8,6 +8,7 @@ import pytest
 
 from blackwell_sparsek import AttentionConfig, Arch, DType, InvalidConfigError, Schedule
 from blackwell_sparsek.jit.spec import KernelConfig, config_names, get_config, load_config_file, load_named_configs, resolve_config
+from blackwell_sparsek.jit.codegen import render
 
 # The kernels sparse_attention picks by default: both two-warpgroup schedules at D=128 (5 stages) and D=64
 # (8 stages), the single-warpgroup kernel at D=64 and the dual kernel of 64x64 blocks (three streams at D=64), in
@@ -180,6 +181,11 @@ def test_dual_streams_rules():
     two = AttentionConfig(**base)
     assert "streams" not in two.to_dict() and "_dual_s7" in two.kernel_name
     assert AttentionConfig.from_json(cfg.to_json()) == cfg
+    # the setmaxnreg split is the config's (rendered into the dual shell, which asserts it fits the register file)
+    assert (cfg.mma_registers, two.mma_registers, AttentionConfig().mma_registers) == (160, 240, 240)
+    src = render(cfg)
+    assert "/*Streams=*/3, /*MmaRegisters=*/160, /*LoadRegisters=*/24>" in src
+    assert "/*Streams=*/2, /*MmaRegisters=*/240, /*LoadRegisters=*/24>" in render(two)
     for bad, match in ((dict(streams=4), "streams 4 is not supported; use 2 or 3"),
                        (dict(streams=1), "use 2 or 3"),
                        (dict(streams=3, stages=8), "shared memory"),

@@ -33,12 +33,17 @@ class Schedule(enum.Enum):
 # layouts shipped here use 64-256.
 MAX_BLOCK = 4096
 HEAD_DIMS = (64, 128, 256)  # head dims the kernels are built for
-# Registers one consumer thread may spend on accumulators (QK fp32, P as 16-bit operand, O fp32); the rest of
-# the 240 a consumer warpgroup gets after setmaxnreg go to addresses, softmax state and temporaries.
-_CONSUMER_ACC_REG_BUDGET = 176
-# The dual schedule's third stream leaves each MMA warpgroup 160 registers a thread (kernel_dual.hpp): the
-# same 64 for the rest leave 96 for accumulators, head_dim 64's 64-key tiles (80).
-_CONSUMER_ACC_REG_BUDGET_3 = 96
+# Registers after setmaxnreg: the producer warpgroup keeps _LOAD_REGS a thread and the MMA warpgroups share the
+# rest of the 64K register file in multiples of 8 (example 88's shell computes the same for its two: 240; the dual
+# kernel takes its value from the config, mma_registers). _OTHER_REGS of a consumer thread go to addresses,
+# softmax state and temporaries; the rest may hold accumulators (QK fp32, P as 16-bit operand, O fp32).
+_REG_FILE, _LOAD_REGS, _OTHER_REGS = 65536, 24, 64
+
+
+def mma_registers(mma_warpgroups: int) -> int:
+    """Registers a thread of each of ``mma_warpgroups`` MMA warpgroups gets after setmaxnreg (240 for 2, 160 for
+    3)."""
+    return (_REG_FILE // 128 - _LOAD_REGS) // mma_warpgroups // 8 * 8
 
 
 @register
@@ -128,6 +133,11 @@ class AttentionConfig(KernelConfig):
             return 1
         return min(3, self.arch.facts.smem_per_sm // (self.smem_bytes() + 1024))
 
+    @property
+    def mma_registers(self) -> int:
+        """Registers a consumer thread gets after setmaxnreg: two MMA warpgroups, or the dual schedule's streams."""
+        return mma_registers(self.streams if self.schedule is Schedule.DUAL else 2)
+
     def acc_registers(self) -> int:
         # per consumer thread: QK fp32 accumulator 64 x tile_n over 128 threads, P as 16-bit operand, O fp32.
         return self.tile_n // 2 + self.tile_n // 4 + self.head_dim // 2
@@ -171,7 +181,7 @@ class AttentionConfig(KernelConfig):
                 p.append(f"{name} {block} must be a multiple of {tname} {tile} between {tile} and {MAX_BLOCK} "
                          f"(rows/columns of one layout block)")
         if not p:
-            budget = _CONSUMER_ACC_REG_BUDGET_3 if self.streams == 3 else _CONSUMER_ACC_REG_BUDGET
+            budget = self.mma_registers - _OTHER_REGS
             if self.acc_registers() > budget:
                 fix = "use streams=2" if self.streams == 3 and self.tile_n == 64 else "use tile_n=64"
                 p.append(f"tile_n {self.tile_n} with head_dim {self.head_dim} needs {self.acc_registers()} "
@@ -219,6 +229,8 @@ class AttentionConfig(KernelConfig):
             "schedule": self.schedule.value,
             "dual": self.schedule is Schedule.DUAL,
             "streams": self.streams,
+            "mma_registers": self.mma_registers,
+            "load_registers": _LOAD_REGS,
             "split_kv": self.split_kv,
         }
 

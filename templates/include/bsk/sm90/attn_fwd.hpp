@@ -21,9 +21,11 @@ namespace bsk {
 // persistent CTA (BsrKernelDual). SplitKV (two-warpgroup shells only): pieces of long rows write to a workspace,
 // which a second kernel, launched right after, merges into O and LSE (split_kv.hpp).
 template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
-          bool Persistent, int CtasPerSm, bool Dual = false, bool SplitKV = false, int Streams = 2>
+          bool Persistent, int CtasPerSm, bool Dual = false, bool SplitKV = false, int Streams = 2,
+          int MmaRegisters = 0, int LoadRegisters = 0>
 struct AttnFwdTraits {
   static_assert(!Dual || (TileM == 64 && QStages == 1), "dual: one 64-row tile and one Q slot per stream");
+  static_assert(!Dual || (MmaRegisters > 0 && LoadRegisters > 0), "dual: the config's setmaxnreg split");
   static_assert(!SplitKV || (TileM == 128 && !Dual), "split-KV: the two-warpgroup shells");
   static constexpr bool kSplit = SplitKV;
   using Scheduler = std::conditional_t<SplitKV, BsrSplitTileScheduler, BsrTileScheduler>;
@@ -36,7 +38,7 @@ struct AttnFwdTraits {
   using Epilogue = std::conditional_t<SplitKV, BsrSplitEpilogue<Element, HeadDim, BlockM>, BsrEpilogue<Element, HeadDim>>;
   using Kernel = std::conditional_t<
       kSingle, BsrKernelSingle<Mainloop, Epilogue, CtasPerSm>,
-      std::conditional_t<Dual, BsrKernelDual<Mainloop, Epilogue, Streams>, std::conditional_t<
+      std::conditional_t<Dual, BsrKernelDual<Mainloop, Epilogue, Streams, MmaRegisters, LoadRegisters>, std::conditional_t<
           Persistent,
           fmha_k::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, Scheduler,
                                                fmha_k::Option<fmha_k::Tag::kLoadsQSeparately, cute::true_type>>,

@@ -24,10 +24,10 @@ struct BsrDualScheduler : BsrTileScheduler {
 };
 
 // (Streams + 1) x 128 threads: warpgroup 0 holds the producer warps (warp s loads stream s: Q, then the K/V tiles
-// of its rows; the other warps idle) at 24 registers, warpgroup 1 + s is the MMA warpgroup of stream s with the
-// rest of the register file (240 a thread for two streams, 160 for three). A stream's pipelines run across its
-// rows, so the next row's first K/V loads go out while this row finishes.
-template <class Mainloop, class Epilogue, int Streams = 2>
+// of its rows; the other warps idle) at LoadRegisters a thread, warpgroup 1 + s is the MMA warpgroup of stream s
+// with the rest of the register file, MmaRegisters (both from the config: families/attn_fwd.mma_registers). A
+// stream's pipelines run across its rows, so the next row's first K/V loads go out while this row finishes.
+template <class Mainloop, class Epilogue, int Streams, int MmaRegisters, int LoadRegisters>
 struct BsrKernelDual {
   using Element = typename Mainloop::Element;
   using MainloopPipeline = typename Mainloop::MainloopPipeline;
@@ -53,9 +53,11 @@ struct BsrKernelDual {
   static const int MaxThreadsPerBlock = (Streams + 1) * cutlass::NumThreadsPerWarpGroup;
   static const int MinBlocksPerMultiprocessor = 1;
   using ArchTag = cutlass::arch::Sm90;
-  static constexpr uint32_t kLoadRegisters = 24;
-  // 128 x 24 + Streams x 128 x kMmaRegisters <= 64K, a multiple of 8
-  static constexpr uint32_t kMmaRegisters = Streams == 2 ? 240 : 160;
+  static constexpr uint32_t kLoadRegisters = LoadRegisters;
+  static constexpr uint32_t kMmaRegisters = MmaRegisters;
+  static_assert(kLoadRegisters % 8 == 0 && kMmaRegisters % 8 == 0 &&
+                    128 * (kLoadRegisters + Streams * kMmaRegisters) <= 64 * 1024,
+                "setmaxnreg: multiples of 8 that fit the register file");
 
   struct Params {
     ProblemShape problem_size;

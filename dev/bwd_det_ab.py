@@ -3,9 +3,10 @@
     python dev/bwd_det_ab.py [--rounds 2] [--block 64]
 
 Variants change only the turns (attention_bwd_view.det_ranks: wave size, arrival estimate) and the tile-order head group
-(attention_bwd.HEAD_GROUP), never the kernel (--block 64: 64x64 blocks, the pair kernels, MHA only); 'unsafe' variants give up the deadlock argument and are measured, not
-shipped. 25 % random top-k per head, 8K, D=128, fp16, the op body on a finished forward (BwdCall); effective TFLOPS
-(median of do_bench medians) and the cost over the fast kernel in the same round.
+(attention_bwd.HEAD_GROUP), never the kernel; 'unsafe' variants give up the deadlock argument and are measured, not
+shipped. 25 % random top-k per head (--block 64: 64x64 blocks, the pair kernels, MHA only), 8K, D=128, fp16, the op
+body on a finished forward (BwdCall); effective TFLOPS (median of do_bench medians) and the cost over the fast
+kernel in the same round.
 """
 import argparse
 import statistics
@@ -60,5 +61,6 @@ for B, H, hkv in ((2, 16, 16), (2, 16, 4))[:1 if bk == 64 else 2]:
     t0 = statistics.median(res["fast"])
     for name, ts in res.items():
         t = statistics.median(ts)
-        print(f"B{B} H{H} Hkv{hkv} b{bk} {name:36s} {fast.flops / t / 1e9:5.0f} TFLOPS  +{(t / t0 - 1) * 100:5.1f} %  "
+        print(f"B{B} H{H} Hkv{hkv} b{bk} {name:36s} {fast.flops / t / 1e9:5.0f} TFLOPS  "
+              f"+{(t / t0 - 1) * 100:5.1f} %  "
               f"({', '.join(f'{x:.3f}' for x in ts)} ms)")

@@ -38,7 +38,7 @@ def _documents(s: int, seed: int, heads: int) -> Any:
 
 
 def _varlen(s: int, seed: int, heads: int, lo: int, hi: int) -> Any:
-    """Rows of lo..hi random key blocks (uniform length, per head and row; learned top-k with a threshold)."""
+    """Rows of lo..hi random key blocks, the length drawn per head and row (learned top-k with a threshold)."""
     import torch
     nb = -(-s // BLOCK)
     gen = torch.Generator().manual_seed(seed)

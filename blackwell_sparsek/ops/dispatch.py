@@ -25,12 +25,12 @@ _DUAL = {(64, 64): (3, 7), (64, 128): (2, 6), (128, 64): (2, 5)}
 # row, coefficient of variation, fraction of rows shorter than the longest). Fitted to same-run measurements of
 # both schedules over ten mask families at 8K and 32K tokens, D=64 and 128, on an H100 and an H200
 # (python -m blackwell_sparsek.bench.schedules, bench/results/<gpu>/schedules.json): rows whose lengths spread
-# widely (causal: cv 0.57) go cooperative at both head dims; at D=128 so do long rows of varied length (a 2K
-# window at 8K tokens, learned top-k rows of 8..24 or 32..96 blocks: 2-7 % ahead), where the static round-robin
-# leaves some SMs the longer rows, and rows of 128+ blocks (dense at 32K: 3-4 %). Short rows stay ping-pong even
+# widely (causal: cv 0.57) go cooperative at both head dims; at D=128 so do long rows of varied length (learned
+# top-k rows of 8..24 or 32..96 blocks: 3-6 % ahead; a 2K window at 8K tokens ties), where the static round-robin
+# leaves some SMs the longer rows, and rows of 128+ blocks (dense at 32K: 1-9 %). Short rows stay ping-pong even
 # when their lengths vary (documents, varied top-k rows of 4..12 blocks, BigBird's band without its global rows:
-# 4-14 % ahead at 32K): a CTA per short row pays its prologue on few blocks. D=64 runs ping-pong wherever the
-# spread allows (long uniform rows too: 1-4 % ahead).
+# 5-14 % ahead at 32K): a CTA per short row pays its prologue on few blocks. D=64 runs ping-pong wherever the
+# spread allows (long uniform rows: from 1 % behind to 4 % ahead).
 SPREAD_CV = 0.45
 VARIED_CV_D128 = 0.2
 VARIED_ROWS_D128 = 12
@@ -43,7 +43,8 @@ def default_schedule(head_dim: int, block_m: int, stats: tuple[float, float, flo
     on its own 64-row block) up to head_dim 128, the single-warpgroup one at 256 (the dual kernel's two K/V rings
     do not fit); cooperative at head_dim 256 and where the rows' statistics say so (above), ping-pong otherwise.
     ``split``: the layout runs split-KV, whose pieces (longer than its other rows) run cooperative at D=128
-    (BigBird at 8K: 6-9 % ahead, global rows at 32K: 1-4 %) and ping-pong at D=64 (5-14 %), same runs."""
+    (BigBird at 8K: 6-9 % ahead, global rows at 32K: from 1 % behind to 4 % ahead) and ping-pong at D=64
+    (5-14 % ahead), same runs."""
     if block_m % 128:
         return Schedule.DUAL if head_dim <= 128 else Schedule.SINGLE
     mean, cv, _ = stats

@@ -27,6 +27,7 @@ CASES = [  # name, (B, H, S, D), layout, schedule
     ("topk12-b64-d64-dual-bf16", (2, 16, 8192, 64), "topk64e", "DUAL"),  # 12.5 %
     # backward alone on a finished forward (bench.backward.BwdCall: the op's body, as an eager backward runs it)
     ("bwd-topk25-d128", (2, 16, 8192, 128), "topk", "BWD"),
+    ("bwd-topk25-d128-det", (2, 16, 8192, 128), "topk", "BWD"),  # the deterministic kernel
     ("bwd-dense-d128", (2, 16, 8192, 128), "dense", "BWD"),
     ("bwd-topk25-b64-d128", (2, 16, 8192, 128), "topk64", "BWD"),  # 64x64 blocks: pairs of key blocks
     ("bwd-topk25-b64-d128-det", (2, 16, 8192, 128), "topk64", "BWD"),  # the same, deterministic

@@ -31,7 +31,9 @@ CUTLASS_DEVICE void store_dq(TD&& tDQsDQ, TA const& acc_DQ) {
 // Reducer warp: each 64-query dQ tile the MMA warpgroups leave in shared memory goes to the fp32 accumulator by
 // TMA reduce-add. A buffer is handed back only once its reduce has read it (bulk wait_group.read 1 after the
 // next issue), so at most one reduce is in flight while the warpgroups fill the other buffer. Deterministic:
-// each add waits for its turn on the tile's counter (wait_turn / pass_turn), so fp32 sums run in one order.
+// each add waits for its turn on the tile's counter (wait_turn / pass_turn), so fp32 sums run in one order, and
+// the first turn stores instead of adding (the prep kernel does not zero the accumulator for this kernel; the
+// convert kernel writes zeros where no turn was taken).
 template <class Mainloop, class BlkCoord, class PipelineReducer, class StateReducer>
 CUTLASS_DEVICE void reduce_dq(BlkCoord const& blk_coord, typename Mainloop::Params const& params,
                               ProblemShape const& problem_size, PipelineReducer& pipeline_reducer,
@@ -68,6 +70,10 @@ CUTLASS_DEVICE void reduce_dq(BlkCoord const& blk_coord, typename Mainloop::Para
   };
 
   if constexpr (Mainloop::kDeterministic) {
+    Tensor mDQst = params.tma_st_dq.get_tma_tensor(select<2, 4, 0, 1>(problem_size));
+    Tensor gDQst_full = local_tile(mDQst, TileShapeMD{}, make_coord(_, _, _), Step<_1, _1, Underscore>{});
+    auto block_st = params.tma_st_dq.get_slice(_0{});
+    Tensor tDQsDQst = block_st.partition_S(sDQ);
     CUTLASS_PRAGMA_NO_UNROLL
     for (int i = 0; i < n_inner; ++i) {
       int q_tile = next_tile(i);
@@ -80,7 +86,12 @@ CUTLASS_DEVICE void reduce_dq(BlkCoord const& blk_coord, typename Mainloop::Para
       // counter: q_tile would index the next head's counters, bump them out of order and deadlock that head.
       if (lane_predicate && q_tile * Mainloop::kTileQ < get<2>(problem_size)) {
         wait_turn(sem_bh + q_tile, rank);
-        copy(params.tma_red_dq, tDQsDQ(_, _, _, smem_pipe_read_reducer.index()), tDQgDQ(_, _, _, q_tile));
+        if (rank == 0) {
+          Tensor tDQgDQst = block_st.partition_D(gDQst_full(_, _, _, _0{}, b, hq0 + cur_r));
+          copy(params.tma_st_dq, tDQsDQst(_, _, _, smem_pipe_read_reducer.index()), tDQgDQst(_, _, _, q_tile));
+        } else {
+          copy(params.tma_red_dq, tDQsDQ(_, _, _, smem_pipe_read_reducer.index()), tDQgDQ(_, _, _, q_tile));
+        }
         tma_store_arrive();
         pass_turn(sem_bh + q_tile);  // the reduce has completed: its buffer is free too
       }

@@ -4,8 +4,8 @@
 // warp and a dQ reducer warp, two MMA warpgroups, register reallocation) around bsk::bwd::BwdMainloop, example
 // 88's dK/dV epilogue (TMA stores, clipped at seq_k), and BwdTileScheduler (one CTA per 128-key tile, heaviest
 // key blocks first). The launcher takes the plain argument struct rendered from AttnBwdConfig.abi and runs the
-// whole backward on the caller's stream: prep (delta, LSE2, zero the fp32 dQ accumulator and the deterministic
-// turn counters), the main kernel, and the dQ convert.
+// whole backward on the caller's stream: prep (delta, LSE2, zero the fp32 dQ accumulator, or the deterministic
+// kernel's turn counters), the main kernel, and the dQ convert.
 #pragma once
 
 #include "bsk/common/tma_driver.hpp"  // first: CUTLASS's TMA encoding without a driver lookup per descriptor
@@ -139,7 +139,8 @@ int attn_bwd_launch(Args const& a, cudaStream_t stream) {
   if (err != cudaSuccess) return int(err);
 
   ConvertParams cp{a.dq_acc, a.dq, a.dq_stride_b, a.dq_stride_h, a.dq_stride_s,
-                   a.heads, a.seq_q, a.head_dim, rows * a.head_dim / 8};
+                   a.heads, a.seq_q, a.head_dim, rows * a.head_dim / 8,
+                   Traits::kDeterministic ? a.dq_sem : nullptr, n_qtiles};
   attn_bwd_convert_kernel<Element><<<dim3(unsigned((cp.chunks + 255) / 256)), dim3(256), 0, stream>>>(cp);
   return int(cudaGetLastError());
 }

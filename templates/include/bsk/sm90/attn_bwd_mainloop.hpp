@@ -90,14 +90,23 @@ struct BwdMainloop
     const float* ptr_LSE2;     // (B, H, Sq): LSE * log2(e), +inf on rows with no visible key
     const float* ptr_delta;    // (B, H, Sq): rowsum(dO * O) (minus the LSE gradient)
     cute::tuple<int, int> dLSE;  // (batch, head) strides of both; the sequence stride is 1
-    float* ptr_dQacc;          // (B, H, Sq, D) fp32, zeroed by the caller
+    float* ptr_dQacc;          // (B, H, Sq, D) fp32, zeroed by the caller (fast kernel; the deterministic one stores
+                               // each tile's first contribution)
     StrideQKV dDQ;
     float scale;
     TLayoutParams lay;
   };
 
+  // The deterministic kernel's first contributor to a dQ tile stores it (the accumulator is not zeroed for it):
+  // the same tensor as the reduce-add's, a plain TMA store.
+  using TMA_DQ_ST = decltype(make_tma_copy(SM90_TMA_STORE{},
+                                           make_tensor((float*)nullptr, make_shape(1, 1, 1, 1),
+                                                       make_stride(0, _1{}, 0, 0)),
+                                           SmemLayoutDQ{}(_, _, _0{})));
+
   struct Params : Base::Params {
     TLayoutParams lay;
+    TMA_DQ_ST tma_st_dq;
   };
 
   static Params to_underlying_arguments(ProblemShape const& ps, Arguments const& a, void* /*workspace*/) {
@@ -124,11 +133,10 @@ struct BwdMainloop
                                    SmemLayoutLSE{}(_, _0{}));
     p.tma_load_odo = make_tma_copy(SM90_TMA_LOAD{}, make_tensor(a.ptr_delta, shape_lse, stride_lse),
                                    SmemLayoutLSE{}(_, _0{}));
-    p.tma_red_dq = make_tma_copy(
-        SM90_TMA_REDUCE_ADD{},
-        make_tensor(a.ptr_dQacc, make_shape(Sq, D, B, H),
-                    make_stride(get<0>(a.dDQ), _1{}, get<2, 0>(a.dDQ), get<2, 1>(a.dDQ))),
-        SmemLayoutDQ{}(_, _, _0{}));
+    auto dq_acc = make_tensor(a.ptr_dQacc, make_shape(Sq, D, B, H),
+                              make_stride(get<0>(a.dDQ), _1{}, get<2, 0>(a.dDQ), get<2, 1>(a.dDQ)));
+    p.tma_red_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_acc, SmemLayoutDQ{}(_, _, _0{}));
+    if constexpr (Deterministic) p.tma_st_dq = make_tma_copy(SM90_TMA_STORE{}, dq_acc, SmemLayoutDQ{}(_, _, _0{}));
     p.scale_softmax = a.scale;
     p.scale_softmax_log2 = a.scale * 1.4426950408889634f;
     p.lay = a.lay;

@@ -3,9 +3,10 @@
 //   * prep: per query row, delta = rowsum(dO * O) in fp32 (minus the LSE's own gradient when the caller passes
 //     one: d lse / d s = P folds into dS = P (dP - delta + g_lse)), and LSE2 = LSE * log2(e), +inf where the
 //     forward's LSE is -inf (a row with no visible key), so the main kernel's exp2(S * scale * log2(e) - LSE2) is
-//     0 there instead of NaN; and the row's fp32 dQ accumulator zeroed. 16-byte loads, D / 8 threads per row.
+//     0 there instead of NaN; and the row's fp32 dQ accumulator zeroed (fast kernel; the deterministic one stores
+//     each tile's first contribution and zeroes its turn counters instead). 16-byte loads, D / 8 threads per row.
 //   * convert: the fp32 dQ accumulator ((B, H, Sq, D), contiguous) into dQ in the caller's element type and
-//     strides, 8 elements per thread.
+//     strides, 8 elements per thread; deterministic: zeros for a 64-query tile whose counter took no turn.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +23,7 @@ struct PrepParams {
   const float* glse;       // same layout as lse, or null
   float* lse2;             // (B, H, >= Sq) strides out_b, out_h, 1
   float* delta;            // same layout as lse2
-  float* dq_acc;           // (B, H, Sq, D) contiguous: zeroed here, before the main kernel adds into it
+  float* dq_acc;           // (B, H, Sq, D) contiguous: zeroed here (fast kernel), before the main kernel adds into it
   int* dq_sem;             // deterministic kernels: (B, H, n_qtiles) dQ turn counters, zeroed here; else null
   int n_qtiles;            // ceil(Sq / 64)
   long long o_b, o_h, o_s, do_b, do_h, do_s, lse_b, lse_h, out_b, out_h;
@@ -31,8 +32,8 @@ struct PrepParams {
 };
 
 // HeadDim / 8 threads per row, 8 elements (16 bytes of O and of dO) each, a shuffle reduction within the row's
-// threads; each also zeroes its 8 floats of the row's fp32 dQ accumulator, and the first thread of each 64-query
-// tile's first row its turn counter (deterministic kernels): no separate memset pass.
+// threads; each also zeroes its 8 floats of the row's fp32 dQ accumulator (fast kernel), or the first thread of
+// each 64-query tile's first row its turn counter (deterministic): no separate memset pass.
 template <class Element, int HeadDim>
 __global__ void __launch_bounds__(256) attn_bwd_prep_kernel(PrepParams p) {
   constexpr int kThreadsPerRow = HeadDim / 8;
@@ -57,10 +58,13 @@ __global__ void __launch_bounds__(256) attn_bwd_prep_kernel(PrepParams p) {
     const Element* de = reinterpret_cast<const Element*>(&dv);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < 8; ++i) acc += float(oe[i]) * float(de[i]);
-    float4* z = reinterpret_cast<float4*>(p.dq_acc + row * HeadDim + c);
-    z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-    z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (p.dq_sem != nullptr && c == 0 && s % 64 == 0) p.dq_sem[bh * p.n_qtiles + s / 64] = 0;
+    if (p.dq_sem == nullptr) {
+      float4* z = reinterpret_cast<float4*>(p.dq_acc + row * HeadDim + c);
+      z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    } else if (c == 0 && s % 64 == 0) {
+      p.dq_sem[bh * p.n_qtiles + s / 64] = 0;
+    }
   }
   CUTLASS_PRAGMA_UNROLL
   for (int m = kThreadsPerRow / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
@@ -80,6 +84,8 @@ struct ConvertParams {
   long long dst_b, dst_h, dst_s;
   int heads, seq_q, head_dim;
   long long chunks;        // B * H * Sq * D / 8
+  const int* dq_sem;       // deterministic kernels: turns taken per (B, H, 64-query tile); else null
+  int n_qtiles;
 };
 
 template <class Element>
@@ -93,8 +99,12 @@ __global__ void __launch_bounds__(256) attn_bwd_convert_kernel(ConvertParams p) 
   long long bh = row / p.seq_q;
   int h = int(bh % p.heads);
   long long b = bh / p.heads;
-  const float4* src = reinterpret_cast<const float4*>(p.src + i * 8);
-  float4 x = src[0], y = src[1];
+  float4 x = make_float4(0.f, 0.f, 0.f, 0.f), y = x;
+  if (p.dq_sem == nullptr || p.dq_sem[bh * p.n_qtiles + s / 64] != 0) {  // else no contribution was stored
+    const float4* src = reinterpret_cast<const float4*>(p.src + i * 8);
+    x = src[0];
+    y = src[1];
+  }
   alignas(16) Element out[8] = {Element(x.x), Element(x.y), Element(x.z), Element(x.w),
                     Element(y.x), Element(y.y), Element(y.z), Element(y.w)};
   auto dst = static_cast<Element*>(p.dst) + b * p.dst_b + h * p.dst_h + s * p.dst_s + c;

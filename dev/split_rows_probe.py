@@ -10,6 +10,7 @@ import statistics
 import torch
 
 import blackwell_sparsek as bsk
+from blackwell_sparsek.bench.schedules import _bigbird  # global_layout's mask, with or without global rows
 from blackwell_sparsek.bench.split_kv import global_layout
 from blackwell_sparsek.bench.timing import bench, kernel_us
 from blackwell_sparsek.families.attn_fwd import Schedule
@@ -23,21 +24,8 @@ args = ap.parse_args()
 
 b, h, s, d = 1, 16, 32768, args.d
 dtype = torch.bfloat16 if d == 128 else torch.float16
-nb = s // 128
-
-
-def no_global_rows():
-    """global2's mask with its two global rows cut back to what any other row lists (global columns kept)."""
-    gen = torch.Generator().manual_seed(4)
-    r = torch.arange(nb)
-    mask = (r.unsqueeze(1) - r.unsqueeze(0)).abs() <= 1
-    mask[:, :2] = True
-    cols = torch.randint(0, nb, (nb, 3), generator=gen)
-    mask[r.unsqueeze(1), cols] = True
-    return L.from_block_mask(mask, seq_q=s, seq_k=s)
-
-
-lays = {"global2": global_layout(s, "cpu"), "global2 rows cut": no_global_rows(),
+lays = {"global2": global_layout(s, "cpu"),
+        "global2 rows cut": _bigbird(s, 4, band=1, global_rows=False),  # global2 without its global rows
         "uniform8 per-head": L.random_topk(s, 8, seed=1, num_heads=h),
         "uniform10 per-head": L.random_topk(s, 10, seed=1, num_heads=h),
         "uniform10 shared": L.random_topk(s, 10, seed=1)}
@@ -53,7 +41,7 @@ for name, lay in lays.items():
         if c != cfgs["default"]:
             cfgs[sched.value] = c
     for cn, c in cfgs.items():
-        key = f"{name} | {cn} ({c.kernel_name[20:-13]})"
+        key = f"{name} | {cn} ({c.name_facts()})"
         fns[key] = (lambda lay=lay, c=c: bsk.sparse_attention(q, k, v, lay, config=c))
         flops[key] = f
 print(torch.cuda.get_device_name())

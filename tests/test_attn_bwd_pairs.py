@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from blackwell_sparsek.layout import BOUNDS, RULE, BlockSparseLayout
-from blackwell_sparsek.ops import attention_bwd as ab
+from blackwell_sparsek.errors import InputError
+from blackwell_sparsek.ops import attention_bwd_view as ab
 from test_attn_bwd_view import _run_turns
 
 L = BlockSparseLayout
@@ -120,7 +121,7 @@ def test_pair_view_stacks_gqa_groups(name, group):
 
 def test_pair_view_refuses_other_narrow_blocks():
     lay = L.random_topk(300, 2, seed=0, block_m=64, block_n=64)
-    with pytest.raises(ab.InputError, match="multiple of 64 columns"):
+    with pytest.raises(InputError, match="multiple of 64 columns"):
         ab.transposed_view(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, 300, 64, block_n=32)
 
 

@@ -8,6 +8,7 @@ import torch
 
 from blackwell_sparsek import InputError
 from blackwell_sparsek.ops import attention_bwd as ab
+from blackwell_sparsek.ops import attention_bwd_view as abv
 from blackwell_sparsek.layout import BOUNDS, BlockSparseLayout
 
 
@@ -158,11 +159,11 @@ def test_transposed_view_has_no_host_sync():
 
 def test_transposed_view_cache_follows_identity():
     lay = BlockSparseLayout.random_topk(600, 2, seed=2)
-    a = ab._transposed_cached(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, 600, 128)
-    assert ab._transposed_cached(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, 600, 128) is a
-    other = ab._transposed_cached(lay.col_idx.clone(), lay.block_kind, lay.row_schedule(), lay.n_kblocks, 600, 128)
+    a = abv._transposed_cached(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, 600, 128)
+    assert abv._transposed_cached(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, 600, 128) is a
+    other = abv._transposed_cached(lay.col_idx.clone(), lay.block_kind, lay.row_schedule(), lay.n_kblocks, 600, 128)
     assert other is not a and all(torch.equal(x, y) for x, y in zip(a, other))
-    assert ab._transposed_cached(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, 599, 128) is not a
+    assert abv._transposed_cached(lay.col_idx, lay.block_kind, lay.row_schedule(), lay.n_kblocks, 599, 128) is not a
 
 
 def test_tile_group():

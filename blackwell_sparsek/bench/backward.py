@@ -53,9 +53,9 @@ def pair_fill(layout) -> float:
     """Key blocks that are not whole 128-key tiles (64, 192, ...) run as 64-key halves of 128-key columns over the
     union of the halves' query blocks: listed halves / (2 x column entries), the share of the backward's 128-key
     work that is listed (1.0 when both halves of every entry are listed)."""
-    import blackwell_sparsek.ops.attention_bwd as ab
-    t_sched = ab.transposed_view(layout.col_idx, layout.block_kind, layout.row_schedule(), layout.n_kblocks,
-                                 layout.seq_q, layout.block_m, block_n=layout.block_n)[2]
+    from ..ops.attention_bwd_view import transposed_view
+    t_sched = transposed_view(layout.col_idx, layout.block_kind, layout.row_schedule(), layout.n_kblocks,
+                              layout.seq_q, layout.block_m, block_n=layout.block_n)[2]
     entries = int((t_sched[..., 2] - t_sched[..., 1]).sum())
     return sum(layout.nnz_per_head) * (layout.block_n // 64) / (2 * entries)
 

@@ -166,7 +166,8 @@ def launch_args(*, q, k, v, o, do, lse, glse, lse2, delta, dq_acc, dq, dk, dv, t
     q, o, do, dq: (B, H, Sq, D); k, v, dk, dv: (B, Hkv, Sk, D) (the kernel sums dK/dV over the query heads of a
     K/V head); lse (and glse, the LSE's upstream gradient, or None): (B, H, Sq) fp32 with unit sequence stride;
     lse2, delta: the kernel's workspace rows (B, H, >= Sq), fp32, one layout, unit sequence stride, 16-byte
-    aligned rows; dq_acc: (B, H, Sq, D) fp32 contiguous (the launcher zeroes it); t_*: the transposed layout
+    aligned rows; dq_acc: (B, H, Sq, D) fp32 contiguous (the launcher zeroes it for the fast kernel;
+    the deterministic one stores each tile's first contribution); t_*: the transposed layout
     (query blocks per key block; under GQA stacked per K/V head: transposed_view(group=H // Hkv)) and its
     schedule [1 or Hkv, nk, 4]; deterministic kernels also take t_rank (each entry's turn among its query block's
     contributions, attention_bwd_view.det_ranks) and dq_sem (int32, B * H * ceil(Sq / 64), zeroed by the launcher);

@@ -8,8 +8,9 @@ their device, with torch ops only (no host sync), and cached by the identity of 
 device tensors, so training steps reuse one view).
 
 The backward kernel (family ``attn_bwd``, ``blackwell_sparsek.families.attn_bwd``) does everything in one launcher
-call on torch's current stream: zero the fp32 dQ accumulator, prep (delta = rowsum(dO * O) - g_lse in fp32 and
-LSE2 = LSE * log2(e), +inf on rows with no visible key), the main kernel, and the dQ convert. Under GQA the
+call on torch's current stream: prep (delta = rowsum(dO * O) - g_lse in fp32, LSE2 = LSE * log2(e), +inf on rows
+with no visible key, and the fp32 dQ accumulator zeroed, or the deterministic kernel's turn counters), the main
+kernel, and the dQ convert. Under GQA the
 transposed view stacks the query heads that share a K/V head, so the kernel sums their dK/dV in registers and
 writes them per K/V head. On tensors that are not on a CUDA device the op computes the same formulas
 densely in float64 (tests; the public API's CPU fallback is the reference's own autograd).
@@ -29,8 +30,7 @@ from ..families.attn_bwd import AttnBwdConfig
 from ..families.attn_fwd import AttentionConfig
 from ..jit.spec import DType, KernelConfig
 from ._checks import check_backward_limits
-from .attention_bwd_view import (  # noqa: F401  (the view's names, as the tests and dev tools use them here)
-    PAIR_NO_HI, PAIR_NO_LO, _slot_rows, _transposed_cached, det_ranks, element_mask, transposed_view, turns)
+from .attention_bwd_view import _transposed_cached, element_mask, transposed_view
 
 _DTYPES = {torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 

@@ -10,8 +10,7 @@ import weakref
 import torch
 
 from ..errors import InputError
-
-_BOUNDS, _RULE = 1, 2        # block-kind bits (blackwell_sparsek.layout)
+from ..layout._common import BOUNDS as _BOUNDS, RULE as _RULE
 # The view's own bits for pairs of 64-wide key blocks: the half a query block does not list (attn_bwd_common.hpp)
 PAIR_NO_LO, PAIR_NO_HI = 4, 8
 
@@ -112,8 +111,8 @@ def transposed_view(col_idx: torch.Tensor, block_kind: torch.Tensor, row_sched: 
     korder = torch.sort(tcounts, dim=1, descending=True, stable=True).indices
     if deterministic:
         t_rank = det_ranks(t_q, tcol, tptr, korder, block_m // 64, max(1, block_n // 128), sms, interleave)
-    else:
-        t_rank = _positions(t_q, svalid, nq)
+    else:  # each entry's place in its query block's own row (of 128-key columns for 64-key halves)
+        t_rank = turns(t_q, svalid, ())
     t_rank = t_rank.to(torch.int32)
     start = torch.gather(tptr[:, :-1], 1, korder)
     end = torch.gather(tptr[:, 1:], 1, korder)
@@ -135,18 +134,6 @@ def _merge_pairs(skey: torch.Tensor, kind: torch.Tensor, end_key: int) -> tuple[
     skey = torch.where(later, torch.full_like(skey, end_key), skey)
     skey, again = torch.sort(skey, dim=1, stable=True)
     return skey, torch.gather(kind, 1, again)
-
-
-def _positions(t_q: torch.Tensor, valid: torch.Tensor, nq: int) -> torch.Tensor:
-    """Each listed entry's position among its query block's entries (columns ascending; 0 elsewhere): the entry's
-    place in its query block's own row of the layout (of 128-key columns for 64-key halves)."""
-    w = t_q.shape[1]
-    qkey = torch.where(valid, t_q, torch.full_like(t_q, nq))
-    sq, o = torch.sort(qkey, dim=1, stable=True)
-    first = torch.searchsorted(sq.contiguous(), sq.contiguous())
-    pos = torch.arange(w, device=t_q.device).expand_as(sq) - first
-    out = torch.empty_like(pos).scatter_(1, o, pos)
-    return torch.where(valid, out, torch.zeros_like(out))
 
 
 def det_ranks(t_q: torch.Tensor, tcol: torch.Tensor, tptr: torch.Tensor, korder: torch.Tensor, tiles_m: int,

@@ -99,14 +99,20 @@ def test_named_configs(name, pattern, lengths):
 def test_persistent_ctas_walk_many_rows(name, pattern, monkeypatch):
     # Ping-pong CTAs are persistent: each walks its query tiles in turn (the K/V ring and the Q slots carry over
     # from row to row, the epilogue's O buffer is reused once its store has read it, at D=64 the two warpgroups'
-    # softmax turns pair up row after row; dual CTAs: each warpgroup's own stream of rows). With 3 CTAs every CTA walks ~10 rows of every kind one after another:
-    # full, partial, one tile, empty (at one CTA per SM most small problems give a CTA one row).
+    # softmax turns pair up row after row; dual CTAs: each warpgroup's own stream of rows). With 3 CTAs every CTA
+    # walks ~10 rows of every kind one after another: full, partial, one tile, empty (at one CTA per SM most small
+    # problems give a CTA one row). At D=128 ping-pong CTAs claim their tiles from a counter (claims_tiles): a tile
+    # run twice or never leaves a poisoned or wrong row, and the output must not depend on which CTA ran what.
     monkeypatch.setattr(dispatch, "sm_count", lambda index: 3)
     cfg = NAMED[name]
     Sq, Sk = 517, 1000
     layout, causal = _patterns(Sq, Sk, 3, cfg.block_m, cfg.block_n)[pattern]
     q, k, v = _qkv(2, 3, Sq, Sk, cfg.head_dim, _TORCH[cfg.dtype.name])
     _check(q, k, v, layout, config=cfg, causal=causal)
+    if cfg.claims_tiles:
+        o1 = bsk.sparse_attention(q, k, v, layout, causal=causal, config=cfg)
+        o2 = bsk.sparse_attention(q, k, v, layout, causal=causal, config=cfg)
+        assert torch.equal(o1, o2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -35,6 +35,26 @@ def test_every_named_config_renders(name, clean_cwd):
     assert codegen.render(cfg) == src  # deterministic
 
 
+def test_tile_claims_render_where_the_config_claims():
+    """ClaimTiles is rendered for the configs whose persistent CTAs claim tiles (ping-pong at head_dim 128, every
+    split ping-pong), and nowhere else: the other kernels keep their static order (and their source)."""
+    import torch
+    from blackwell_sparsek.families.attn_fwd import Schedule
+    from blackwell_sparsek.ops.attention import tile_counter
+    pp, coop = Schedule.PINGPONG, Schedule.COOPERATIVE
+    cases = [(pp, 128, False, True), (pp, 64, False, False), (pp, 64, True, True), (pp, 128, True, True),
+             (coop, 128, False, False), (coop, 128, True, False), (pp, 256, False, False)]
+    for sched, d, split, want in cases:
+        cfg = AttentionConfig(head_dim=d, schedule=sched, split_kv=split, stages={64: 8, 128: 5, 256: 2}[d],
+                              tile_n=64 if d == 256 else 128)
+        assert cfg.claims_tiles is want, (sched, d, split)
+        src = codegen.render(cfg)
+        assert ("/*ClaimTiles=*/true" in src) is want, (sched, d, split)
+        counter = tile_counter(cfg.to_json(), "cpu")  # the op's per-call int32 for the launcher to zero
+        assert (counter is not None) is want and (counter is None or counter.dtype == torch.int32)
+    assert ("counter", "int*") in AttentionConfig.abi
+
+
 def test_generated_code_has_no_torch_headers():
     for cfg in load_named_configs().values():
         src = codegen.render(cfg)

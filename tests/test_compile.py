@@ -251,7 +251,7 @@ int attn_fwd_launch(const Args& args, cudaStream_t stream) {
   stub_kernel<Name><<<1, 32, 0, stream>>>(args.lse);
   return int(cudaGetLastError());
 }
-template <class Name> int attn_fwd_smem_bytes() { return Name::kSmem; }
+template <class Traits, class Name> int attn_fwd_smem_bytes() { return Name::kSmem; }
 }  // namespace bsk
 """
 

@@ -1,6 +1,6 @@
 """GPU tests of split-KV (layouts with a few long rows): float64 reference, bitwise determinism, the unsplit
 kernel's answer, the combine kernel against a float64 combine of the workspace it read, empty split rows and NaN
-propagation, CUDA-graph replay, and the raw op. Skipped without CUDA; outputs and workspace poisoned."""
+propagation, CUDA-graph replay, every tile claimed once by the persistent kernel, and the raw op. Skipped without CUDA; outputs and workspace poisoned."""
 from __future__ import annotations
 
 import dataclasses
@@ -59,29 +59,52 @@ def test_split_matches_reference_and_is_deterministic(name, sched, D, dtype):
     assert relative_error(o, o3.float()) <= 1e-2 and relative_error(lse, lse3) <= 1e-5
 
 
-def test_raw_op_and_cuda_graph_replay():
+@pytest.mark.parametrize("sched", [Schedule.COOPERATIVE, Schedule.PINGPONG])
+def test_raw_op_and_cuda_graph_replay(sched):
+    """The raw op as sparse_attention; a captured call replays right (the persistent kernel's tile counter is
+    zeroed inside the graph)."""
     lay = global_rows(5120, band=0, n_random=1, seed=5).to("cuda")
-    cfg = default_config(128, torch.bfloat16, lay)
+    cfg = default_config(128, torch.bfloat16, lay, schedule=sched)
     q, k, v = (_rand(1, 2, lay.seq_q, 128, dtype=torch.bfloat16) for _ in range(3))
     meta = [-1, -1, lay.n_kblocks, 1, -1]
     o_op, lse_op = asplit.attn_fwd_split(q, k, v, lay.col_idx, lay.block_kind, lay.row_schedule(),
                                          lay.split_schedule(), meta, list(lay.split_plan()), 128 ** -0.5,
                                          cfg.to_json())
-    o_ref, lse_ref = bsk.sparse_attention(q, k, v, lay, return_lse=True)
+    o_ref, lse_ref = bsk.sparse_attention(q, k, v, lay, config=cfg, return_lse=True)
     assert torch.equal(o_op, o_ref) and torch.equal(lse_op, lse_ref)
     static_q = q.clone()
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        bsk.sparse_attention(static_q, k, v, lay)  # warm-up on the capture stream
+        bsk.sparse_attention(static_q, k, v, lay, config=cfg)  # warm-up on the capture stream
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = bsk.sparse_attention(static_q, k, v, lay)
-    q2 = _rand(1, 2, lay.seq_q, 128, dtype=torch.bfloat16)
-    static_q.copy_(q2)
-    g.replay()
+        out = bsk.sparse_attention(static_q, k, v, lay, config=cfg)
+    for _ in range(2):  # a second replay starts from a zeroed counter again
+        q2 = _rand(1, 2, lay.seq_q, 128, dtype=torch.bfloat16)
+        static_q.copy_(q2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, bsk.sparse_attention(q2, k, v, lay, config=cfg))
+
+
+@pytest.mark.parametrize("D,dtype", [(128, torch.bfloat16), (64, torch.float16)], ids=["d128bf16", "d64fp16"])
+def test_persistent_split_claims_every_tile_once(D, dtype):
+    """Several times more tiles than SMs, so the persistent split kernel's CTAs claim most tiles from its counter:
+    a tile run twice or never would leave a poisoned or wrong row. Reference, bitwise repeat."""
+    lay = global_rows(4096 + 77, band=0, n_random=1, seed=9).to("cuda")
+    cfg = default_config(D, dtype, lay, schedule=Schedule.PINGPONG)
+    assert cfg.split_kv
+    B, H = 4, 8
+    n_tiles = B * H * lay.split_schedule().shape[1]
+    assert n_tiles > 4 * torch.cuda.get_device_properties(0).multi_processor_count
+    q, k, v = (_rand(B, H, lay.seq_q, D, dtype=dtype) for _ in range(3))
+    o, lse = bsk.sparse_attention(q, k, v, lay, config=cfg, return_lse=True)
+    o2, lse2 = bsk.sparse_attention(q, k, v, lay, config=cfg, return_lse=True)
     torch.cuda.synchronize()
-    assert torch.equal(out, bsk.sparse_attention(q2, k, v, lay))
+    ref_o, ref_lse = attention_reference(q, k, v, lay)
+    assert relative_error(o, ref_o) <= 1e-2 and relative_error(lse, ref_lse) <= 1e-4
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
 
 
 @pytest.mark.parametrize("D,dtype", [(128, torch.bfloat16), (64, torch.float16)], ids=["d128bf16", "d64fp16"])

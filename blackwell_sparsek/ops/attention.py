@@ -46,6 +46,14 @@ def _kernel_for(config_text: str):
     return build(config_from_json(config_text))
 
 
+def tile_counter(config_json: str, device) -> torch.Tensor | None:
+    """The int32 a config that claims_tiles counts its claimed tiles in (its launcher zeroes it on the launch's
+    stream); one per call, so calls on concurrent streams never share one. None for other configs."""
+    if not config_from_json(config_json).claims_tiles:
+        return None
+    return torch.empty(1, dtype=torch.int32, device=device)
+
+
 def _poison() -> bool:
     return _env.flag("BSK_POISON")
 
@@ -99,8 +107,9 @@ def _launch(q, k, v, col_idx, block_kind, row_sched, meta, scale, config_json) -
         lse.fill_(float("nan"))
     dev = q.device.index
     dispatch.check_device(config_json, dev)
+    counter = tile_counter(config_json, q.device)
     args = kernel.Args(**launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta, scale,
-                                     dispatch.sm_count(dev)))
+                                     dispatch.sm_count(dev), counter=counter))
     kernel.launch_on(args, dev)  # torch's current stream on q's device
     return o, lse
 

@@ -91,7 +91,8 @@ def launch_split(q, k, v, col_idx, block_kind, split_sched, meta, split, scale, 
     dev = q.device.index
     dispatch.check_device(config_json, dev)
     args = kernel.Args(**launch_args(q, k, v, o, lse, col_idx, block_kind, split_sched, meta, scale,
-                                     dispatch.sm_count(dev), ws_o, ws_lse, s * kk, kk))
+                                     dispatch.sm_count(dev), ws_o, ws_lse, s * kk, kk,
+                                     counter=_fwd.tile_counter(config_json, q.device)))
     kernel.launch_on(args, dev)  # torch's current stream on q's device
     return o, lse
 

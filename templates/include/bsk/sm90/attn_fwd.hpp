@@ -13,6 +13,7 @@
 #include "bsk/sm90/mainloop_single.hpp"
 #include "bsk/sm90/mainloop_ws.hpp"
 #include "bsk/sm90/split_kv.hpp"
+#include "bsk/sm90/tile_claim.hpp"
 
 namespace bsk {
 
@@ -22,13 +23,16 @@ namespace bsk {
 // which a second kernel, launched right after, merges into O and LSE (split_kv.hpp).
 template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
           bool Persistent, int CtasPerSm, bool Dual = false, bool SplitKV = false, int Streams = 2,
-          int MmaRegisters = 0, int LoadRegisters = 0>
+          int MmaRegisters = 0, int LoadRegisters = 0, bool ClaimTiles = false>
 struct AttnFwdTraits {
   static_assert(!Dual || (TileM == 64 && QStages == 1), "dual: one 64-row tile and one Q slot per stream");
   static_assert(!Dual || (MmaRegisters > 0 && LoadRegisters > 0), "dual: the config's setmaxnreg split");
   static_assert(!SplitKV || (TileM == 128 && !Dual), "split-KV: the two-warpgroup shells");
+  static_assert(!ClaimTiles || (Persistent && !Dual), "tiles are claimed in the persistent two-warpgroup shell");
   static constexpr bool kSplit = SplitKV;
-  using Scheduler = std::conditional_t<SplitKV, BsrSplitTileScheduler, BsrTileScheduler>;
+  static constexpr bool kClaim = ClaimTiles;
+  using StaticScheduler = std::conditional_t<SplitKV, BsrSplitTileScheduler, BsrTileScheduler>;
+  using Scheduler = std::conditional_t<ClaimTiles, BsrClaimScheduler<StaticScheduler>, StaticScheduler>;
   static constexpr bool kSingle = TileM == 64 && !Dual;
   static constexpr bool kDual = Dual;
   static constexpr int kStreams = Streams;
@@ -50,8 +54,9 @@ struct AttnFwdTraits {
   static constexpr bool kPersistent = Persistent;
 };
 
-template <class Named>
+template <class Traits, class Named>
 int attn_fwd_smem_bytes() {
+  if constexpr (Traits::kClaim) return Traits::Scheduler::smem_bytes(int(Named::SharedStorageSize));
   return int(Named::SharedStorageSize);
 }
 
@@ -142,7 +147,16 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
     params.tile_scheduler.grid = std::min((params.tile_scheduler.num_tiles + s - 1) / s, sms);
   }
 
-  int smem = int(Named::SharedStorageSize);
+  if constexpr (Traits::kClaim) {
+    // the tile counter (ABI field counter: 4 bytes the op allocates per call), zeroed on the launch's stream
+    if (a.counter == nullptr) return kErrBadShape;
+    params.tile_scheduler.counter = a.counter;
+    params.tile_scheduler.ring_offset = Traits::Scheduler::ring_offset(int(Named::SharedStorageSize));
+    err = cudaMemsetAsync(a.counter, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return int(err);
+  }
+
+  int smem = attn_fwd_smem_bytes<Traits, Named>();
   err = allow_dynamic_smem(cutlass::device_kernel<Named>, device, smem);
   if (err != cudaSuccess) return int(err);
   dim3 grid = BsrTileScheduler::get_grid_shape(params.tile_scheduler);

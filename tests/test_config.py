@@ -231,14 +231,14 @@ def test_default_schedule_follows_row_stats():
     P, C = Schedule.PINGPONG, Schedule.COOPERATIVE
     want = {  # mask: (D=64, D=128) at 8K, then at 32K tokens
         8192: {"dense": (P, P), "causal": (C, C), "topk25-shared": (P, P), "topk25-per-head": (P, P),
-               "window2K": (P, C), "documents": (P, P),
-               # BigBird's global rows make its layout split-KV (split_plan): its pieces run ping-pong at D=64,
-               # cooperative at D=128
-               "bigbird": (P, C), "bigbird-noglobal": (P, P), "varlen25": (P, C), "varlen-short": (P, P)},
-        # causal at D=64 and 32K: cooperative 1 % behind, 6 % ahead at 8K; dense rows of 256 blocks at D=128
-        32768: {"dense": (P, C), "causal": (C, C), "topk25-shared": (P, P), "topk25-per-head": (P, P),
-                "window2K": (P, P), "documents": (P, P), "bigbird": (P, C), "bigbird-noglobal": (P, P),
-                "varlen25": (P, C), "varlen-short": (P, P)},
+               "window2K": (P, P), "documents": (P, P),
+               # BigBird's global rows make its layout split-KV (split_plan): ping-pong, whose CTAs claim tiles
+               "bigbird": (P, P), "bigbird-noglobal": (P, P), "varlen25": (P, P), "varlen-short": (P, P)},
+        # causal at D=64 and 32K: cooperative 1 % behind, 6 % ahead at 8K; at D=128 ping-pong CTAs claim their
+        # tiles, which runs causal rows of 128+ blocks (32K) 15 % ahead of cooperative (H100)
+        32768: {"dense": (P, P), "causal": (C, P), "topk25-shared": (P, P), "topk25-per-head": (P, P),
+                "window2K": (P, P), "documents": (P, P), "bigbird": (P, P), "bigbird-noglobal": (P, P),
+                "varlen25": (P, P), "varlen-short": (P, P)},
     }
     for s, fams in want.items():
         got = masks(s, 16)

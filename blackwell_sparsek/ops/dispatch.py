@@ -21,19 +21,16 @@ _DEFAULT_STAGES = {64: 8, 128: 5, 256: 4}
 # tie or lose).
 _DUAL = {(64, 64): (3, 7), (64, 128): (2, 6), (128, 64): (2, 5)}
 # When one CTA per tile in heaviest-first order (cooperative: the hardware hands tiles to free SMs) beats
-# persistent ping-pong CTAs (a static round-robin of the same order), from layout.row_stats() = (mean blocks per
-# row, coefficient of variation, fraction of rows shorter than the longest). Fitted to same-run measurements of
-# both schedules over ten mask families at 8K and 32K tokens, D=64 and 128, on an H100 and an H200
-# (python -m blackwell_sparsek.bench.schedules, bench/results/<gpu>/schedules.json): rows whose lengths spread
-# widely (causal: cv 0.57) go cooperative at both head dims; at D=128 so do long rows of varied length (learned
-# top-k rows of 8..24 or 32..96 blocks: 3-6 % ahead; a 2K window at 8K tokens ties), where the static round-robin
-# leaves some SMs the longer rows, and rows of 128+ blocks (dense at 32K: 1-9 %). Short rows stay ping-pong even
-# when their lengths vary (documents, varied top-k rows of 4..12 blocks, BigBird's band without its global rows:
-# 5-14 % ahead at 32K): a CTA per short row pays its prologue on few blocks. D=64 runs ping-pong wherever the
-# spread allows (long uniform rows: from 1 % behind to 4 % ahead).
+# persistent ping-pong CTAs, from layout.row_stats() = (mean blocks per row, coefficient of variation, fraction of
+# rows shorter than the longest). Fitted to same-run measurements of both schedules over ten mask families at 8K
+# and 32K tokens, D=64 and 128, on an H100 and an H200 (python -m blackwell_sparsek.bench.schedules,
+# bench/results/<gpu>/schedules.json; D=128 refitted with tile claims: h100/claims.txt, h200/split_kv.txt).
+# At D=64 ping-pong CTAs take their tiles in a static round-robin, and rows whose lengths spread widely (causal:
+# cv 0.57) go cooperative; short rows stay ping-pong even when their lengths vary (a CTA per short row pays its
+# prologue on few blocks). At D=128 ping-pong CTAs claim their tiles at run time (AttentionConfig.claims_tiles),
+# which evens out rows of varied length: ping-pong everywhere but widely spread rows of under 128 blocks on
+# average (causal at 8K, where cooperative still leads on the H100).
 SPREAD_CV = 0.45
-VARIED_CV_D128 = 0.2
-VARIED_ROWS_D128 = 12
 LONG_ROWS_D128 = 128
 
 
@@ -42,19 +39,17 @@ def default_schedule(head_dim: int, block_m: int, stats: tuple[float, float, flo
     """The schedule sparse_attention picks: for 64-row blocks the dual kernel (two or three MMA warpgroups, each
     on its own 64-row block) up to head_dim 128, the single-warpgroup one at 256 (the dual kernel's two K/V rings
     do not fit); cooperative at head_dim 256 and where the rows' statistics say so (above), ping-pong otherwise.
-    ``split``: the layout runs split-KV, whose pieces (longer than its other rows) run cooperative at D=128
-    (BigBird at 8K: 6-9 % ahead, global rows at 32K: from 1 % behind to 4 % ahead) and ping-pong at D=64
-    (5-14 % ahead), same runs."""
+    ``split``: the layout runs split-KV: ping-pong, whose persistent CTAs claim the pieces and rows at run time
+    (H200, bench.split_kv, same run: global rows at 32K 572 against cooperative's 529 effective TFLOPS at D=128,
+    417 against 363 at D=64; BigBird at 8K 586 against 552, 427 against 391)."""
     if block_m % 128:
         return Schedule.DUAL if head_dim <= 128 else Schedule.SINGLE
     mean, cv, _ = stats
     if head_dim > 128:
         return Schedule.COOPERATIVE
     if split:
-        return Schedule.COOPERATIVE if head_dim >= 128 else Schedule.PINGPONG
-    if cv > SPREAD_CV:
-        return Schedule.COOPERATIVE
-    if head_dim >= 128 and (mean >= LONG_ROWS_D128 or (cv >= VARIED_CV_D128 and mean >= VARIED_ROWS_D128)):
+        return Schedule.PINGPONG
+    if cv > SPREAD_CV and (head_dim < 128 or mean < LONG_ROWS_D128):
         return Schedule.COOPERATIVE
     return Schedule.PINGPONG
 

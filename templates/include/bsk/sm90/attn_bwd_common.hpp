@@ -100,7 +100,7 @@ CUTLASS_DEVICE void pass_turn(int* sem) {
 
 // Backward-only kind bits of the transposed view: a layout of 64-wide key blocks runs as pairs (one 128-key
 // column per two neighbouring key blocks, over the union of their query blocks), and an entry whose query block
-// lists only one of the pair carries the other half's bit (attention_bwd.transposed_view writes them). The
+// lists only one of the pair carries the other half's bit (attention_bwd_view.transposed_view writes them). The
 // warpgroup of an unlisted half computes nothing for that entry (its P and dS would be 0).
 enum : int { kPairNoLo = 4, kPairNoHi = 8 };
 

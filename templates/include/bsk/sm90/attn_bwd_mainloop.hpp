@@ -430,18 +430,11 @@ struct BwdMainloop
         Tensor acc_DQ = partition_fragment_C(tiled_mma_md, take<0, 2>(TileShapeMD{}));
         warpgroup_fence_operand(acc_DQ);
         warpgroup_arrive();
-        auto dq_both_halves = [&] {
+        if (Pairs && (kind & kPairNoLo)) {  // warpgroup 0 idles on this entry (idle_step): its half of dS is zero
+          fmha_c::gemm_zero_acc(tiled_mma_md, tDQrDS(_, _, _, 1), tDQrK(_, _, _, read_k.index()), acc_DQ);
+        } else {
           fmha_c::gemm_zero_acc(tiled_mma_md, tDQrDS(_, _, _, 0), tDQrK(_, _, _, read_k_other.index()), acc_DQ);
           cute::gemm(tiled_mma_md, tDQrDS(_, _, _, 1), tDQrK(_, _, _, read_k.index()), acc_DQ);
-        };
-        if constexpr (Pairs) {
-          if (kind & kPairNoLo) {  // warpgroup 0 idles on this entry (idle_step): its half of dS is zero
-            fmha_c::gemm_zero_acc(tiled_mma_md, tDQrDS(_, _, _, 1), tDQrK(_, _, _, read_k.index()), acc_DQ);
-          } else {
-            dq_both_halves();
-          }
-        } else {
-          dq_both_halves();
         }
         warpgroup_commit_batch();
 

@@ -6,7 +6,8 @@ and after a change), in alternating processes (two builds of one kernel name can
 Each tree runs with its own kernel cache (CACHE, default <tree>/.bskcache) and, after '@', its own BSK_NVCC_FLAGS
 (a measurement build, e.g. '.@-DBSK_EXP_POLY_EVERY=8'). A child (``--child``) imports the package of the tree it
 runs in and prints one JSON line of timings; the parent alternates the trees round by round and prints the median
-per case and each tree's ratio to the first. --cases: only the cases whose name contains SUBSTR.
+per case and each tree's ratio to the first. --cases: only the cases whose name contains SUBSTR (or one of
+SUBSTR,SUBSTR,...).
 """
 import argparse
 import json
@@ -19,12 +20,16 @@ CASES = [  # name, (B, H, S, D), layout, schedule
     ("topk25-d128-pp", (2, 16, 8192, 128), "topk", "PINGPONG"),
     ("dense-d128-pp", (2, 16, 8192, 128), "dense", "PINGPONG"),
     ("causal-d128-coop", (2, 16, 8192, 128), "causal", "COOPERATIVE"),
+    ("causal-d128-pp", (2, 16, 8192, 128), "causal", "PINGPONG"),
     ("window2K-32K-d128-pp", (1, 16, 32768, 128), "window", "PINGPONG"),
     ("topk25-d64-pp", (1, 8, 8192, 64), "topk", "PINGPONG"),
     ("dense-d64-coop", (1, 8, 8192, 64), "dense", "COOPERATIVE"),
     ("topk25-b64-d64-dual", (2, 16, 8192, 64), "topk64", "DUAL"),  # 64x64 blocks: three streams
     ("topk25-b64-d64-dual-bf16", (2, 16, 8192, 64), "topk64", "DUAL"),  # issue 29's case
     ("topk12-b64-d64-dual-bf16", (2, 16, 8192, 64), "topk64e", "DUAL"),  # 12.5 %
+    # issue 29's rows of mixed length (bench.split_kv's global2 layout): split-KV on the persistent kernel
+    ("global2-32k-d128-pp-bf16", (1, 16, 32768, 128), "global2", "PINGPONG"),
+    ("global2-32k-d64-pp", (1, 16, 32768, 64), "global2", "PINGPONG"),
     # backward alone on a finished forward (bench.backward.BwdCall: the op's body, as an eager backward runs it)
     ("bwd-topk25-d128", (2, 16, 8192, 128), "topk", "BWD"),
     ("bwd-topk25-d128-det", (2, 16, 8192, 128), "topk", "BWD"),  # the deterministic kernel
@@ -38,17 +43,19 @@ def child() -> None:
     import torch
     import triton.testing
     import blackwell_sparsek as bsk
+    from blackwell_sparsek.bench.split_kv import global_layout
     L = bsk.BlockSparseLayout
     out = {}
-    only = os.environ.get("AB_CASES")
+    only = [x for x in os.environ.get("AB_CASES", "").split(",") if x]
     for name, (b, h, s, d), pat, sched in CASES:
-        if only and only not in name:
+        if only and not any(x in name for x in only):
             continue
         lay = {"topk": lambda: L.random_topk(s, s // 128 // 4, seed=1, num_heads=h),
                "topk64": lambda: L.random_topk(s, s // 64 // 4, seed=1, num_heads=h, block_m=64, block_n=64),
                "topk64e": lambda: L.random_topk(s, s // 64 // 8, seed=1, num_heads=h, block_m=64, block_n=64),
                "dense": lambda: L.dense(s), "causal": lambda: L.causal(s),
-               "window": lambda: L.sliding_window(s, 2048)}[pat]().to("cuda")
+               "window": lambda: L.sliding_window(s, 2048),
+               "global2": lambda: global_layout(s, "cpu")}[pat]().to("cuda")
         if sched == "BWD":  # its own inputs, forward and dO
             from blackwell_sparsek.bench.backward import BwdCall
             fn, mult = BwdCall(lay, b, h, s, d, torch.float16, det=name.endswith("-det")), 2.5
@@ -69,7 +76,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("trees", nargs="+")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cases", default=None, help="only the cases whose name contains this")
+    ap.add_argument("--cases", default=None, help="only the cases whose name contains one of these (comma-separated)")
     a = ap.parse_args()
     caches, flags = {}, {}
     for spec in a.trees:
@@ -95,7 +102,7 @@ def main() -> None:
     print("| case | " + " | ".join(trees) + " | " + " | ".join(f"{t} / {first}" for t in trees[1:]) + " |")
     print("|---" * (2 * len(trees)) + "|")
     for name, *_ in CASES:
-        if a.cases and a.cases not in name:
+        if a.cases and not any(x in name for x in a.cases.split(",")):
             continue
         med = [statistics.median(x[name] for x in runs[t]) for t in trees]
         print(f"| {name} | " + " | ".join(f"{m:.0f}" for m in med) + " | "

@@ -16,6 +16,9 @@ the stall reasons' shares and the instructions with the most samples. Runs and f
   bwd       the attention backward op, (2, 16, 8192, 128) fp16, 25 % random top-k (issue 26's headline)
   blocks64  forward, (2, 16, 8192, 128) bf16, 64x64 blocks, 25 % random per head, the dual schedule (issue 29);
             ``blocks64d64``: the same at D=64 (the three-stream dual kernel)
+  global2   forward, (1, 16, 32768, 128) bf16, 2 global rows and columns + band + 3 random blocks a row (issue 29's
+            rows of mixed length), split-KV, the default schedule; ``global2pp``: split ping-pong; ``global2cut``:
+            the same layout without its global rows (ping-pong, no split)
   regions CSV  the stall samples of a source-page CSV by straight-line code region (a hot loop, an unrolled
             epilogue, ...): where a long unrolled stretch holds many samples spread thin over its instructions
 """
@@ -105,12 +108,23 @@ def stalls(path: str, top: int = 12) -> None:
         print(f"{100 * int(r[ia]) / tot:5.1f}%  {r[0][-5:]}  {r[1].strip()[:70]:70s} {why}")
 
 
+def global2(schedule=None, cut=False):
+    from blackwell_sparsek.bench.schedules import _bigbird
+    from blackwell_sparsek.bench.split_kv import global_layout
+    from blackwell_sparsek.ops import default_config
+    lay = (_bigbird(32768, 4, band=1, global_rows=False) if cut else global_layout(32768, "cpu")).to("cuda")
+    q, k, v = (torch.randn(1, 16, 32768, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = default_config(128, torch.bfloat16, lay, schedule=schedule)
+    return lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)
+
+
 def main() -> None:
     if sys.argv[1] in ("stalls", "regions"):
         (stalls if sys.argv[1] == "stalls" else regions)(sys.argv[2])
         return
     fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "bwd": bwd,
-          "blocks64": blocks64, "blocks64d64": lambda: blocks64(64)}[sys.argv[1]]()
+          "blocks64": blocks64, "blocks64d64": lambda: blocks64(64), "global2": global2,
+          "global2pp": lambda: global2("pingpong"), "global2cut": lambda: global2(cut=True)}[sys.argv[1]]()
     for _ in range(5):
         fn()
     torch.cuda.synchronize()

@@ -1,6 +1,7 @@
 """Where the split global-rows case loses against uniform rows (issue 29, dev): the same layout without its global
 rows, uniform rows of the same mean length (shared and per head), and the split kernels' device time by kernel.
-One process, interleaved rounds of do_bench medians; effective TFLOPS over each layout's own listed blocks.
+One process, interleaved rounds of do_bench medians of the eager call and of its CUDA-graph replay (the device
+work alone); effective TFLOPS over each layout's own listed blocks.
 
     python dev/split_rows_probe.py [--rounds 3] [--d 128]
 """
@@ -45,13 +46,29 @@ for name, lay in lays.items():
         fns[key] = (lambda lay=lay, c=c: bsk.sparse_attention(q, k, v, lay, config=c))
         flops[key] = f
 print(torch.cuda.get_device_name())
+
+def graphed(fn):
+    """fn captured in a CUDA graph: its replay times the device work without the eager call's host path."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+gfns = {n: graphed(fn) for n, fn in fns.items()}
 times = {n: [] for n in fns}
+gtimes = {n: [] for n in fns}
 for _ in range(args.rounds):
     for n, fn in fns.items():
         times[n].append(bench(fn, warmup_ms=200, rep_ms=150).median_ms)
+        gtimes[n].append(bench(gfns[n], warmup_ms=200, rep_ms=150).median_ms)
 for n in fns:
     ms = statistics.median(times[n])
-    print(f"{n:60s} {flops[n] / ms / 1e9:5.0f} TFLOPS  {ms:.3f} ms  (rounds {', '.join(f'{t:.3f}' for t in times[n])})")
+    gms = statistics.median(gtimes[n])
+    print(f"{n:60s} {flops[n] / ms / 1e9:5.0f} TFLOPS  {ms:.3f} ms  (rounds {', '.join(f'{t:.3f}' for t in times[n])})"
+          f"  graph replay {flops[n] / gms / 1e9:5.0f} TFLOPS {gms:.3f} ms")
 for n in [x for x in fns if x.startswith("global2 |") or x.startswith("global2 rows cut | default")]:
     ks = kernel_us(fns[n])
     print(f"kernels of {n}: " + "; ".join(f"{key[:60]} x{cnt:g} {us:.1f} us" for key, cnt, us in ks[:4]))

@@ -139,7 +139,7 @@ def _long_context_args(H=16, S=1 << 20, D=128):
         v_stride_b=H * S * D, v_stride_h=S * D, v_stride_s=D, o_stride_b=H * S * D, o_stride_h=S * D, o_stride_s=D,
         lse_stride_b=H * S, lse_stride_h=S, layout_heads=1, n_qblocks=S // 128, n_kblocks=S // 128, col_stride=17,
         window_left=2047, window_right=0, scale=0.088, sm_count=132, rank_major=1, ws_o=0, ws_lse=0, n_pieces=0,
-        split_k=0)
+        split_k=0, counter=0)
 
 
 _TMA_MAX_ELEMS = (1 << 39) - 8  # bf16: the largest 16-byte multiple below 2^40 bytes

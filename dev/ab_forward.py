@@ -1,5 +1,6 @@
 """Same-run A/B of the forward (and backward: the bwd-* cases) kernels of several source trees (e.g. main before
-and after a change), in alternating processes (two builds of one kernel name cannot share a process), do_bench medians, effective TFLOPS.
+and after a change), in alternating processes (two builds of one kernel name cannot share a process), do_bench
+medians, effective TFLOPS.
 
     python dev/ab_forward.py TREE[=CACHE][@FLAGS] TREE[=CACHE][@FLAGS] ... [--rounds 3] [--cases SUBSTR]
 
@@ -39,6 +40,11 @@ CASES = [  # name, (B, H, S, D), layout, schedule
 ]
 
 
+def _selected(name: str, cases: str) -> bool:
+    """--cases / AB_CASES: comma-separated substrings of case names; empty selects every case."""
+    return not cases or any(x in name for x in cases.split(",") if x)
+
+
 def child() -> None:
     import torch
     import triton.testing
@@ -46,9 +52,9 @@ def child() -> None:
     from blackwell_sparsek.bench.split_kv import global_layout
     L = bsk.BlockSparseLayout
     out = {}
-    only = [x for x in os.environ.get("AB_CASES", "").split(",") if x]
+    only = os.environ.get("AB_CASES", "")
     for name, (b, h, s, d), pat, sched in CASES:
-        if only and not any(x in name for x in only):
+        if not _selected(name, only):
             continue
         lay = {"topk": lambda: L.random_topk(s, s // 128 // 4, seed=1, num_heads=h),
                "topk64": lambda: L.random_topk(s, s // 64 // 4, seed=1, num_heads=h, block_m=64, block_n=64),
@@ -102,7 +108,7 @@ def main() -> None:
     print("| case | " + " | ".join(trees) + " | " + " | ".join(f"{t} / {first}" for t in trees[1:]) + " |")
     print("|---" * (2 * len(trees)) + "|")
     for name, *_ in CASES:
-        if a.cases and not any(x in name for x in a.cases.split(",")):
+        if not _selected(name, a.cases or ""):
             continue
         med = [statistics.median(x[name] for x in runs[t]) for t in trees]
         print(f"| {name} | " + " | ".join(f"{m:.0f}" for m in med) + " | "

@@ -109,10 +109,9 @@ def stalls(path: str, top: int = 12) -> None:
 
 
 def global2(schedule=None, cut=False):
-    from blackwell_sparsek.bench.schedules import _bigbird
     from blackwell_sparsek.bench.split_kv import global_layout
     from blackwell_sparsek.ops import default_config
-    lay = (_bigbird(32768, 4, band=1, global_rows=False) if cut else global_layout(32768, "cpu")).to("cuda")
+    lay = global_layout(32768, mask="global2-cut" if cut else "global2")
     q, k, v = (torch.randn(1, 16, 32768, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     cfg = default_config(128, torch.bfloat16, lay, schedule=schedule)
     return lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)

@@ -11,7 +11,6 @@ import statistics
 import torch
 
 import blackwell_sparsek as bsk
-from blackwell_sparsek.bench.schedules import _bigbird  # global_layout's mask, with or without global rows
 from blackwell_sparsek.bench.split_kv import global_layout
 from blackwell_sparsek.bench.timing import bench, kernel_us
 from blackwell_sparsek.families.attn_fwd import Schedule
@@ -26,7 +25,7 @@ args = ap.parse_args()
 b, h, s, d = 1, 16, 32768, args.d
 dtype = torch.bfloat16 if d == 128 else torch.float16
 lays = {"global2": global_layout(s, "cpu"),
-        "global2 rows cut": _bigbird(s, 4, band=1, global_rows=False),  # global2 without its global rows
+        "global2 rows cut": global_layout(s, "cpu", mask="global2-cut"),
         "uniform8 per-head": L.random_topk(s, 8, seed=1, num_heads=h),
         "uniform10 per-head": L.random_topk(s, 10, seed=1, num_heads=h),
         "uniform10 shared": L.random_topk(s, 10, seed=1)}
@@ -46,6 +45,7 @@ for name, lay in lays.items():
         fns[key] = (lambda lay=lay, c=c: bsk.sparse_attention(q, k, v, lay, config=c))
         flops[key] = f
 print(torch.cuda.get_device_name())
+
 
 def graphed(fn):
     """fn captured in a CUDA graph: its replay times the device work without the eager call's host path."""
@@ -67,7 +67,8 @@ for _ in range(args.rounds):
 for n in fns:
     ms = statistics.median(times[n])
     gms = statistics.median(gtimes[n])
-    print(f"{n:60s} {flops[n] / ms / 1e9:5.0f} TFLOPS  {ms:.3f} ms  (rounds {', '.join(f'{t:.3f}' for t in times[n])})"
+    rounds = ", ".join(f"{t:.3f}" for t in times[n])
+    print(f"{n:60s} {flops[n] / ms / 1e9:5.0f} TFLOPS  {ms:.3f} ms  (rounds {rounds})"
           f"  graph replay {flops[n] / gms / 1e9:5.0f} TFLOPS {gms:.3f} ms")
 for n in [x for x in fns if x.startswith("global2 |") or x.startswith("global2 rows cut | default")]:
     ks = kernel_us(fns[n])

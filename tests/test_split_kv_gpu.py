@@ -1,6 +1,7 @@
 """GPU tests of split-KV (layouts with a few long rows): float64 reference, bitwise determinism, the unsplit
 kernel's answer, the combine kernel against a float64 combine of the workspace it read, empty split rows and NaN
-propagation, CUDA-graph replay, every tile claimed once by the persistent kernel, and the raw op. Skipped without CUDA; outputs and workspace poisoned."""
+propagation, CUDA-graph replay, every tile claimed once by the persistent kernel, and the raw op. Skipped without
+CUDA; outputs and workspace poisoned."""
 from __future__ import annotations
 
 import dataclasses

@@ -25,10 +25,13 @@ SHAPES = [("global2", (1, 16, 32768, 128), "bf16"), ("global2", (1, 16, 32768, 6
 
 
 def global_layout(s: int, device: str = "cuda", mask: str = "global2"):
+    """The bench's masks: 'global2' (2 global rows and columns, a 3-block band, 3 random blocks a row),
+    'global2-cut' (the same without its global rows: the schedule sweep's 'bigbird-noglobal'), 'bigbird' (the
+    schedule sweep's BigBird)."""
     from .schedules import _bigbird
     if mask == "bigbird":  # the schedule sweep's mask (bench.schedules.masks)
         return _bigbird(s, 4).to(device)
-    return _bigbird(s, 4, n_global=2, band=1, n_random=3).to(device)
+    return _bigbird(s, 4, n_global=2, band=1, n_random=3, global_rows=mask != "global2-cut").to(device)
 
 
 def _configs(d, dtype, lay):

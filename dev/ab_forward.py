@@ -25,6 +25,8 @@ CASES = [  # name, (B, H, S, D), layout, schedule
     ("window2K-32K-d128-pp", (1, 16, 32768, 128), "window", "PINGPONG"),
     ("topk25-d64-pp", (1, 8, 8192, 64), "topk", "PINGPONG"),
     ("dense-d64-coop", (1, 8, 8192, 64), "dense", "COOPERATIVE"),
+    ("topk25-b64-d128-dual-bf16", (2, 16, 8192, 128), "topk64", "DUAL"),  # issue 29: 64x64 blocks at D=128
+    ("topk12-b64-d128-dual-bf16", (2, 16, 8192, 128), "topk64e", "DUAL"),
     ("topk25-b64-d64-dual", (2, 16, 8192, 64), "topk64", "DUAL"),  # 64x64 blocks: three streams
     ("topk25-b64-d64-dual-bf16", (2, 16, 8192, 64), "topk64", "DUAL"),  # issue 29's case
     ("topk12-b64-d64-dual-bf16", (2, 16, 8192, 64), "topk64e", "DUAL"),  # 12.5 %

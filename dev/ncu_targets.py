@@ -15,7 +15,8 @@ the stall reasons' shares and the instructions with the most samples. Runs and f
   dsd       bsr_matmul, 8192^3 fp16, 128x128 blocks, 16 per block row (issue 27's headline)
   bwd       the attention backward op, (2, 16, 8192, 128) fp16, 25 % random top-k (issue 26's headline)
   blocks64  forward, (2, 16, 8192, 128) bf16, 64x64 blocks, 25 % random per head, the dual schedule (issue 29);
-            ``blocks64d64``: the same at D=64 (the three-stream dual kernel)
+            ``blocks64d64``: the same at D=64 (the three-stream dual kernel); ``topk128``: 128x128 blocks, 16 a row
+            (the headline layout, ping-pong), for contrast
   global2   forward, (1, 16, 32768, 128) bf16, 2 global rows and columns + band + 3 random blocks a row (issue 29's
             rows of mixed length), split-KV, the default schedule; ``global2pp``: split ping-pong; ``global2cut``:
             the same layout without its global rows (ping-pong, no split)
@@ -61,6 +62,12 @@ def bwd():
 
 def blocks64(d=128):
     lay = L.random_topk(8192, 32, seed=1, block_m=64, block_n=64, num_heads=16).to("cuda")
+    q, k, v = (torch.randn(2, 16, 8192, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    return lambda: bsk.sparse_attention(q, k, v, lay)
+
+
+def topk128(d=128):
+    lay = L.random_topk(8192, 16, seed=1, num_heads=16).to("cuda")
     q, k, v = (torch.randn(2, 16, 8192, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     return lambda: bsk.sparse_attention(q, k, v, lay)
 
@@ -122,7 +129,7 @@ def main() -> None:
         (stalls if sys.argv[1] == "stalls" else regions)(sys.argv[2])
         return
     fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "bwd": bwd,
-          "blocks64": blocks64, "blocks64d64": lambda: blocks64(64), "global2": global2,
+          "blocks64": blocks64, "blocks64d64": lambda: blocks64(64), "topk128": topk128, "global2": global2,
           "global2pp": lambda: global2("pingpong"), "global2cut": lambda: global2(cut=True)}[sys.argv[1]]()
     for _ in range(5):
         fn()

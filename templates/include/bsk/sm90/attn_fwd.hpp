@@ -98,6 +98,9 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
 
   // split-KV: n_pieces schedule entries per layout head are pieces (split_k for each split row), each a workspace
   // tile of BlockM rows
+  if constexpr (Traits::kClaim) {
+    if (a.counter == nullptr) return kErrBadShape;  // the claiming scheduler's tile counter
+  }
   if constexpr (Traits::kSplit) {
     if (a.n_pieces < 1 || a.n_pieces > a.n_qblocks || a.split_k < 1 || a.n_pieces % a.split_k != 0 ||
         a.ws_o == nullptr || a.ws_lse == nullptr)
@@ -149,7 +152,6 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
 
   if constexpr (Traits::kClaim) {
     // the tile counter (ABI field counter: 4 bytes the op allocates per call), zeroed on the launch's stream
-    if (a.counter == nullptr) return kErrBadShape;
     params.tile_scheduler.counter = a.counter;
     params.tile_scheduler.ring_offset = Traits::Scheduler::ring_offset(int(Named::SharedStorageSize));
     err = cudaMemsetAsync(a.counter, 0, sizeof(int), stream);

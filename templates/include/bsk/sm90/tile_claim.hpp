@@ -51,7 +51,7 @@ struct BsrClaimScheduler : BaseScheduler {
   CUTLASS_DEVICE BsrClaimScheduler(Params const& p)
       : BaseScheduler(p),
         claim_params(p),
-        claimer(__shfl_sync(0xffffffff, int(threadIdx.x) / 32, 0) == kClaimWarp) {
+        claimer(cutlass::canonical_warp_idx_sync() == kClaimWarp) {
     if (threadIdx.x == 0) {
       Ring& r = ring();
       for (int i = 0; i < kRing; ++i) {

@@ -3,7 +3,8 @@
 per head), rows of random length (learned top-k with a threshold), a causal 2K window, document (block-diagonal),
 BigBird-style (global + band + random) masks and BigBird without its global rows.
 
-    python -m blackwell_sparsek.bench.schedules [--json PATH] [--d 64 128] [--s 8192] [--rounds 2] [--quick]
+    python -m blackwell_sparsek.bench.schedules [--json PATH] [--d 64 128] [--s 8192] [--b 2] [--masks causal ...]
+                                                [--rounds 2] [--quick]
 
 Prints one row per (mask, head dim): effective TFLOPS of each schedule, the default's pick and its ratio to the
 faster schedule. Every output is checked against the other schedule's (relative error) before timing.
@@ -81,8 +82,8 @@ def masks(s: int, h: int) -> dict[str, Any]:
     }
 
 
-def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float, rounds: int = 1
-        ) -> list[dict[str, Any]]:
+def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float, rounds: int = 1,
+        only: list[str] | None = None) -> list[dict[str, Any]]:
     import torch
 
     from .. import ops
@@ -93,6 +94,8 @@ def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float
         gen = torch.Generator(device="cuda").manual_seed(b * 1000003 + h * 1009 + s + d)
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
         for name, lay in masks(s, h).items():
+            if only and name not in only:
+                continue
             lay = lay.to("cuda")
             # nnz sums the layout's heads; a shared layout (1 head) serves all h query heads
             flops = 4.0 * b * d * BLOCK * BLOCK * lay.nnz * (h // lay.num_heads)
@@ -122,11 +125,11 @@ def run(shapes: list[tuple[int, int, int, int]], warmup_ms: float, rep_ms: float
 
 def table(rows: list[dict[str, Any]], gpu: str) -> str:
     out = [f"GPU: {gpu}",
-           "| mask | S | D | rows: mean, cv, short | cooperative | ping-pong | default | default / faster |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| mask | B | S | D | rows: mean, cv, short | cooperative | ping-pong | default | default / faster |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         stats = ", ".join(f"{x:g}" for x in r["row_stats"])
-        out.append(f"| {r['mask']} | {r['s']} | {r['d']} | {stats} | {r['tflops_cooperative']:.0f} | "
+        out.append(f"| {r['mask']} | {r['b']} | {r['s']} | {r['d']} | {stats} | {r['tflops_cooperative']:.0f} | "
                    f"{r['tflops_pingpong']:.0f} | "
                    f"{r['default']} | {r['default_vs_fastest']:.3f} |")
     return "\n".join(out)
@@ -135,17 +138,23 @@ def table(rows: list[dict[str, Any]], gpu: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m blackwell_sparsek.bench.schedules", description=__doc__.split("\n")[0])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128], help="head dims (default 64 128)")
-    ap.add_argument("--s", type=int, nargs="+", default=[8192], help="sequence lengths (default 8192; batch 2)")
+    ap.add_argument("--s", type=int, nargs="+", default=[8192], help="sequence lengths (default 8192)")
+    ap.add_argument("--b", type=int, default=2,
+                    help="batch (default 2; 16 heads): short sequences need more for a GPU-bound call")
+    ap.add_argument("--masks", nargs="+", choices=sorted(masks(256, 1)), help="only these mask families")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds per case (median)")
     ap.add_argument("--json", help="write the rows as JSON to this path")
     ap.add_argument("--quick", action="store_true", help="shorter timings (a smoke run)")
     a = ap.parse_args(argv)
+    if a.b < 1:
+        ap.error("--b must be at least 1")
     import torch
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
-    shapes = [(2, 16, s, d) for s in a.s for d in a.d]
-    rows = run(shapes, warmup_ms=100 if a.quick else 300, rep_ms=50 if a.quick else 200, rounds=a.rounds)
+    shapes = [(a.b, 16, s, d) for s in a.s for d in a.d]
+    rows = run(shapes, warmup_ms=100 if a.quick else 300, rep_ms=50 if a.quick else 200, rounds=a.rounds,
+               only=a.masks)
     return finish_rows(rows, table, a.json)
 
 

@@ -6,8 +6,9 @@ Pairs the entries of two kernel caches by kernel name (the entry folder name wit
 config hash is in the name, the header hash only in the key), disassembles both ``kernel.so`` with ``cuobjdump
 -sass`` and compares: identical text, identical once instruction addresses / encodings / branch targets are
 normalized, or different (then per-opcode count deltas, ``cuobjdump -res-usage`` of both and the first N lines of
-a unified diff). Exits 1 if any pair differs or a kernel is missing on one side. cuobjdump needs nvdisasm: on PATH,
-or from the ``nvidia-cuda-nvdisasm`` wheel (found automatically).
+a unified diff). Exits 1 if any pair differs or a kernel is missing on one side. cuobjdump and nvdisasm: on PATH, or
+from the ``nvidia-cuda-cuobjdump`` / ``nvidia-cuda-nvdisasm`` wheels (found automatically), so the CPU build host
+can compare too.
 """
 from __future__ import annotations
 
@@ -23,16 +24,21 @@ from pathlib import Path
 
 
 def _tool_env() -> dict[str, str]:
+    """PATH with cuobjdump and nvdisasm: from the toolkit, else from the nvidia-cuda-cuobjdump /
+    nvidia-cuda-nvdisasm wheels (a CPU host without them in its toolkit: pip install both)."""
     env = dict(os.environ)
-    if shutil.which("nvdisasm") is None:
+    for tool in ("cuobjdump", "nvdisasm"):
+        if shutil.which(tool, path=env.get("PATH")) is not None:
+            continue
         try:
             import nvidia  # the nvidia-cuda-* wheels share this namespace package
-            for root in nvidia.__path__:
-                for cand in Path(root).glob("cu*/bin/nvdisasm"):
-                    env["PATH"] = f"{env.get('PATH', '')}{os.pathsep}{cand.parent}"
-                    return env
         except ImportError:
-            pass
+            break
+        for root in nvidia.__path__:
+            cand = next(iter(Path(root).glob(f"cu*/bin/{tool}")), None)
+            if cand is not None:
+                env["PATH"] = f"{env.get('PATH', '')}{os.pathsep}{cand.parent}"
+                break
     return env
 
 

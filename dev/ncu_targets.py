@@ -60,14 +60,9 @@ def bwd():
     return BwdCall(L.random_topk(seq_q=8192, k=16, seed=0, num_heads=16), 2, 16, 8192, 128, torch.float16)
 
 
-def blocks64(d=128):
-    lay = L.random_topk(8192, 32, seed=1, block_m=64, block_n=64, num_heads=16).to("cuda")
-    q, k, v = (torch.randn(2, 16, 8192, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    return lambda: bsk.sparse_attention(q, k, v, lay)
-
-
-def topk128(d=128):
-    lay = L.random_topk(8192, 16, seed=1, num_heads=16).to("cuda")
+def blocks64(d=128, block=64):
+    """25 % random blocks per head (block x block), 2x16x8192, bf16, the default schedule."""
+    lay = L.random_topk(8192, 8192 // block // 4, seed=1, block_m=block, block_n=block, num_heads=16).to("cuda")
     q, k, v = (torch.randn(2, 16, 8192, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     return lambda: bsk.sparse_attention(q, k, v, lay)
 
@@ -129,8 +124,9 @@ def main() -> None:
         (stalls if sys.argv[1] == "stalls" else regions)(sys.argv[2])
         return
     fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "bwd": bwd,
-          "blocks64": blocks64, "blocks64d64": lambda: blocks64(64), "topk128": topk128, "global2": global2,
-          "global2pp": lambda: global2("pingpong"), "global2cut": lambda: global2(cut=True)}[sys.argv[1]]()
+          "blocks64": blocks64, "blocks64d64": lambda: blocks64(64), "topk128": lambda: blocks64(block=128),
+          "global2": global2, "global2pp": lambda: global2("pingpong"),
+          "global2cut": lambda: global2(cut=True)}[sys.argv[1]]()
     for _ in range(5):
         fn()
     torch.cuda.synchronize()

@@ -96,11 +96,11 @@ int attn_fwd_launch(Args const& a, cudaStream_t stream) {
   if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.o) || !aligned16(a.row_sched))
     return kErrMisaligned;
 
-  // split-KV: n_pieces schedule entries per layout head are pieces (split_k for each split row), each a workspace
-  // tile of BlockM rows
   if constexpr (Traits::kClaim) {
     if (a.counter == nullptr) return kErrBadShape;  // the claiming scheduler's tile counter
   }
+  // split-KV: n_pieces schedule entries per layout head are pieces (split_k for each split row), each a workspace
+  // tile of BlockM rows
   if constexpr (Traits::kSplit) {
     if (a.n_pieces < 1 || a.n_pieces > a.n_qblocks || a.split_k < 1 || a.n_pieces % a.split_k != 0 ||
         a.ws_o == nullptr || a.ws_lse == nullptr)

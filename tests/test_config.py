@@ -230,12 +230,12 @@ def test_default_schedule_follows_row_stats():
     from blackwell_sparsek.ops import default_config
     P, C = Schedule.PINGPONG, Schedule.COOPERATIVE
     want = {  # mask: (D=64, D=128) at 8K, then at 32K tokens
-        8192: {"dense": (P, P), "causal": (C, C), "topk25-shared": (P, P), "topk25-per-head": (P, P),
+        8192: {"dense": (P, P), "causal": (C, P), "topk25-shared": (P, P), "topk25-per-head": (P, P),
                "window2K": (P, P), "documents": (P, P),
                # BigBird's global rows make its layout split-KV (split_plan): ping-pong, whose CTAs claim tiles
                "bigbird": (P, P), "bigbird-noglobal": (P, P), "varlen25": (P, P), "varlen-short": (P, P)},
-        # causal at D=64 and 32K: cooperative 1 % behind, 6 % ahead at 8K; at D=128 ping-pong CTAs claim their
-        # tiles, which runs causal rows of 128+ blocks (32K) 15 % ahead of cooperative (H100)
+        # causal at D=64: cooperative 3-6 % ahead at 4K-16K (batch 2), a tie at 32K; at D=128 ping-pong CTAs
+        # claim their tiles and lead or tie on causal rows of every length (h100/claims.txt section 5)
         32768: {"dense": (P, P), "causal": (C, P), "topk25-shared": (P, P), "topk25-per-head": (P, P),
                 "window2K": (P, P), "documents": (P, P), "bigbird": (P, P), "bigbird-noglobal": (P, P),
                 "varlen25": (P, P), "varlen-short": (P, P)},
@@ -247,8 +247,12 @@ def test_default_schedule_follows_row_stats():
             for d, w in zip((64, 128), fams[name]):
                 assert default_config(d, torch.float16, lay).schedule is w, (s, name, d, lay.row_stats())
             assert default_config(256, torch.float16, lay).schedule is C
-    # short dense rows at D=64 (16 blocks) stay ping-pong, like top-k rows of that length
+    # short dense rows at D=64 (16 blocks) stay ping-pong, like top-k rows of that length; so do short causal
+    # rows (1K-2K tokens: 9-18 % faster ping-pong), while causal rows of 16+ blocks on average go cooperative
     assert default_config(64, torch.float16, L.dense(2048)).schedule is P
+    for s, w in ((1024, P), (2048, P), (4096, C)):
+        assert default_config(64, torch.float16, masks(s, 16)["causal"]).schedule is w, s
+        assert default_config(128, torch.float16, masks(s, 16)["causal"]).schedule is P, s
 
 
 # -- issue 24: every integer field bounded (item 12), tile_m from the schedule (item 23) ------------------------

@@ -25,6 +25,9 @@ CASES = [  # name, (B, H, S, D), layout, schedule
     ("window2K-32K-d128-pp", (1, 16, 32768, 128), "window", "PINGPONG"),
     ("topk25-d64-pp", (1, 8, 8192, 64), "topk", "PINGPONG"),
     ("dense-d64-coop", (1, 8, 8192, 64), "dense", "COOPERATIVE"),
+    ("dense-d64-pp", (1, 8, 8192, 64), "dense", "PINGPONG"),
+    ("window2K-32K-d64-pp", (1, 16, 32768, 64), "window", "PINGPONG"),
+    ("causal-1K-d64-pp", (16, 16, 1024, 64), "causal", "PINGPONG"),
     ("topk25-b64-d128-dual-bf16", (2, 16, 8192, 128), "topk64", "DUAL"),  # issue 29: 64x64 blocks at D=128
     ("topk12-b64-d128-dual-bf16", (2, 16, 8192, 128), "topk64e", "DUAL"),
     ("topk25-b64-d64-dual", (2, 16, 8192, 64), "topk64", "DUAL"),  # 64x64 blocks: three streams
@@ -33,6 +36,11 @@ CASES = [  # name, (B, H, S, D), layout, schedule
     # issue 29's rows of mixed length (bench.split_kv's global2 layout): split-KV on the persistent kernel
     ("global2-32k-d128-pp-bf16", (1, 16, 32768, 128), "global2", "PINGPONG"),
     ("global2-32k-d64-pp", (1, 16, 32768, 64), "global2", "PINGPONG"),
+    # issue 29's short rows (bench.short_rows: random top-k, k blocks a row, at 32K tokens)
+    ("short2-d64-pp", (1, 16, 32768, 64), "topk2", "PINGPONG"),
+    ("short4-d64-pp", (1, 16, 32768, 64), "topk4", "PINGPONG"),
+    ("short2-d128-pp", (1, 16, 32768, 128), "topk2", "PINGPONG"),
+    ("short4-d128-pp", (1, 16, 32768, 128), "topk4", "PINGPONG"),
     # backward alone on a finished forward (bench.backward.BwdCall: the op's body, as an eager backward runs it)
     ("bwd-topk25-d128", (2, 16, 8192, 128), "topk", "BWD"),
     ("bwd-topk25-d128-det", (2, 16, 8192, 128), "topk", "BWD"),  # the deterministic kernel
@@ -61,6 +69,8 @@ def child() -> None:
         lay = {"topk": lambda: L.random_topk(s, s // 128 // 4, seed=1, num_heads=h),
                "topk64": lambda: L.random_topk(s, s // 64 // 4, seed=1, num_heads=h, block_m=64, block_n=64),
                "topk64e": lambda: L.random_topk(s, s // 64 // 8, seed=1, num_heads=h, block_m=64, block_n=64),
+               "topk2": lambda: L.random_topk(s, 2, seed=1, num_heads=h),
+               "topk4": lambda: L.random_topk(s, 4, seed=1, num_heads=h),
                "dense": lambda: L.dense(s), "causal": lambda: L.causal(s),
                "window": lambda: L.sliding_window(s, 2048),
                "global2": lambda: global_layout(s, "cpu")}[pat]().to("cuda")

@@ -170,6 +170,19 @@ def test_unservable_layout_blocks_raise_instead_of_running_a_wrong_kernel():
         assert (cfg.schedule, cfg.tile_m, cfg.block_m) == (Schedule.SINGLE, 64, 64) and cfg.problems() == []
 
 
+def test_q_slots_by_schedule_and_head_dim():
+    # ping-pong at D=64 keeps two Q slots a warpgroup (a warpgroup's next row's Q loads during this one: its shared
+    # memory is spare), one elsewhere (at D=128 a second would cost a K/V stage); the O staging is one 64-row
+    # buffer a warpgroup either way
+    pp64 = AttentionConfig(head_dim=64, schedule="pingpong", stages=8)
+    assert pp64.q_stages == 4 and pp64.problems() == []
+    assert pp64.smem_bytes() == 4 * 8192 + 8 * 16384 + 2 * 8192 + 1024
+    assert AttentionConfig(head_dim=128, schedule="pingpong", stages=5).q_stages == 2
+    assert AttentionConfig(head_dim=64, schedule="cooperative", stages=8).q_stages == 2
+    # the default D=128 ping-pong ring still fits beside its two Q slots and O staging
+    assert AttentionConfig(head_dim=128, schedule="pingpong", stages=5).smem_bytes() <= Arch.SM90A.facts.smem_optin
+
+
 def test_dual_streams_rules():
     # streams: 2 or 3, dual schedule only; the third stream leaves 160 registers a thread (96 for accumulators:
     # head_dim 64 with 64-key tiles) and a third of the shared memory; the field stays out of the canonical form

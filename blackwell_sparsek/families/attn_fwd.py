@@ -107,9 +107,12 @@ class AttentionConfig(KernelConfig):
 
     @property
     def q_stages(self) -> int:
-        """Q slots: one per MMA warpgroup. (Doubling them when persistent, so the next tile's Q loads during this
-        one, measured 4-6 % slower on the H200 than spending that shared memory on a deeper K/V ring.)"""
-        return self.tile_m // 64
+        """Q slots: one per MMA warpgroup; two for ping-pong at head_dim 64, so a persistent warpgroup's next
+        tile's Q loads during this one (its shared memory is spare there: 177 KB with 8 K/V stages; short rows
+        of 2 blocks +5-6 %, others within ±1.5 %, H100, dev/ab_forward.py). At head_dim 128 the second slot
+        costs a K/V stage: 4-12 % slower on long rows (H100, H200)."""
+        per_wg = 2 if self.schedule is Schedule.PINGPONG and self.head_dim == 64 else 1
+        return self.tile_m // 64 * per_wg
 
     def smem_bytes(self) -> int:
         """Shared memory the kernel needs, bytes: Q for both warpgroups, the K/V ring, the O staging (beside the
@@ -122,7 +125,7 @@ class AttentionConfig(KernelConfig):
             # the barriers
             return self.streams * -(-(q + kv + 64 * self.head_dim * e) // 1024) * 1024 + 1024
         # O staging, one 64-row buffer per warpgroup: beside the mainloop when persistent, else over Q's slots
-        epi = self.q_stages * 64 * self.head_dim * e if self.schedule is Schedule.PINGPONG else 0
+        epi = self.tile_m // 64 * 64 * self.head_dim * e if self.schedule is Schedule.PINGPONG else 0
         return q + kv + epi + 1024
 
     @property

@@ -31,10 +31,10 @@ using BsrWsBase = std::conditional_t<
         fmha_k::Option<fmha_k::Tag::kStagesKV, Int<Stages>>,
         fmha_k::Option<fmha_k::Tag::kStagesQ, Int<QStages>>>>;
 
-// QStages: Q slots, one per MMA warpgroup (the config derives it; a persistent CTA loads the next tile's Q
-// once a warpgroup releases its slot). Dual: a 64-row tile (TileM 64), one warpgroup, its own K/V ring; its row's
-// first K load goes before its Q (which waits for the previous row's Q to be released), and no softmax turns (the
-// CTA's two warpgroups walk different rows).
+// QStages: Q slots, one or two per MMA warpgroup (the config derives it; a persistent CTA loads a warpgroup's
+// next tile's Q once a slot is free, so with two the next row's Q loads during this row). Dual: a 64-row tile
+// (TileM 64), one warpgroup, its own K/V ring; its row's first K load goes before its Q (which waits for the
+// previous row's Q to be released), and no softmax turns (the CTA's two warpgroups walk different rows).
 template <class Element, int HeadDim, int TileM, int TileN, int Stages, int QStages, int BlockM, int BlockN,
           bool Persistent, bool Dual = false>
 struct BsrMainloop : BsrWsBase<Element, HeadDim, TileM, TileN, Stages, QStages, Persistent, Dual> {

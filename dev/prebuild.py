@@ -62,6 +62,7 @@ def attention_configs() -> list:
         cfgs += [c for _, c in blocks64._configs(d, bm, bn, scheds)]
     from blackwell_sparsek.bench import short_rows  # every schedule on the short-rows bench's layouts
     cfgs += [c for d in (128, 64) for k in (2, 4, 8) for c in short_rows._configs(d, k)[1].values()]
+    cfgs += [default_config(64, dt, L.sliding_window(4096, 1024)) for dt in (f16, b16)]  # D=64 claims: varied rows
     skewed = L.global_local(5120 + 50, n_global=2, window=200)  # split-KV tests and bench
     for d, dt in ((128, b16), (64, f16), (128, f16)):
         cfgs += [default_config(d, dt, skewed, schedule=s) for s in (Schedule.COOPERATIVE, Schedule.PINGPONG)]

@@ -183,6 +183,38 @@ def test_q_slots_by_schedule_and_head_dim():
     assert AttentionConfig(head_dim=128, schedule="pingpong", stages=5).smem_bytes() <= Arch.SM90A.facts.smem_optin
 
 
+def test_claims_field_and_rule():
+    # claims: the ping-pong CTAs' tile order; left out (None) it is the default (claims at D=128 and split-KV),
+    # and a value equal to the default is stored as None, so one kernel has one name and one JSON
+    import torch
+    from blackwell_sparsek.layout import BlockSparseLayout as L
+    from blackwell_sparsek.ops import default_config
+    from blackwell_sparsek.ops import dispatch
+    c64 = AttentionConfig(head_dim=64, schedule="pingpong", stages=8, claims=True)
+    assert c64.claims_tiles and c64.kernel_name.endswith(c64.config_hash[:12]) and "_claims_" in c64.kernel_name
+    assert AttentionConfig.from_json(c64.to_json()) == c64 and '"claims":true' in c64.to_json()
+    plain = AttentionConfig(head_dim=64, schedule="pingpong", stages=8, claims=False)
+    assert plain == AttentionConfig(head_dim=64, schedule="pingpong", stages=8) and "claims" not in plain.to_json()
+    assert not plain.claims_tiles
+    static128 = AttentionConfig(head_dim=128, schedule="pingpong", stages=5, claims=False)
+    assert not static128.claims_tiles and "_static_" in static128.kernel_name and static128.problems() == []
+    assert AttentionConfig(head_dim=128, schedule="pingpong", stages=5, claims=True).claims is None
+    with pytest.raises(InvalidConfigError, match="persistent ping-pong"):
+        AttentionConfig(head_dim=64, schedule="cooperative", stages=8, claims=True).validate()
+    with pytest.raises(InvalidConfigError, match="claims must be"):
+        AttentionConfig(head_dim=64, schedule="pingpong", stages=8, claims=1).validate()
+    # the rule: D=64 ping-pong claims where row lengths vary (cv > CLAIM_CV_D64), keeps the static order on
+    # uniform rows; D=128 claims everywhere (its default)
+    window, topk = L.sliding_window(4096, 1024), L.random_topk(4096, 8, seed=1)
+    assert window.row_stats()[1] > dispatch.CLAIM_CV_D64 >= topk.row_stats()[1]
+    assert default_config(64, torch.float16, window).claims_tiles
+    assert not default_config(64, torch.bfloat16, topk).claims_tiles
+    assert not default_config(64, torch.float16, L.dense(4096)).claims_tiles
+    assert default_config(128, torch.float16, topk).claims_tiles
+    # a named config with claims set is never the one the dispatch derives for a layout without that choice
+    assert default_config(64, torch.float16, topk).claims is None
+
+
 def test_dual_streams_rules():
     # streams: 2 or 3, dual schedule only; the third stream leaves 160 registers a thread (96 for accumulators:
     # head_dim 64 with 64-key tiles) and a third of the shared memory; the field stays out of the canonical form

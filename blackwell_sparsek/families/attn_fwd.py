@@ -62,6 +62,9 @@ class AttentionConfig(KernelConfig):
     arch: Arch = Arch.SM90A
     split_kv: bool = False  # pieces of long rows to a workspace + combine (layout.split_plan(); 128-row tiles)
     streams: int = 2  # dual schedule: 64-row streams (MMA warpgroups) per CTA, 2 or 3
+    # ping-pong: CTAs claim their tiles at run time (True) or take them round-robin (False); None: the default
+    # (claims_tiles). Kept None when it equals the default, so one kernel has one canonical form.
+    claims: bool | None = None
 
     family: ClassVar[str] = "attn_fwd"
     template: ClassVar[str] = "attn_fwd.cu.j2"
@@ -87,6 +90,8 @@ class AttentionConfig(KernelConfig):
             # tile_m follows from the schedule (64 rows for 'single', else 128); only a tile_m the user gives
             # can disagree with it, and validate() then names the fix.
             object.__setattr__(self, "tile_m", self.schedule.tile_m)
+        if isinstance(self.claims, bool) and self.claims == self._claims_default():
+            object.__setattr__(self, "claims", None)
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical form; split_kv only when set and streams only when not 2, so the configs made before
@@ -96,14 +101,17 @@ class AttentionConfig(KernelConfig):
             del d["split_kv"]
         if self.streams == 2:
             del d["streams"]
+        if self.claims is None:
+            del d["claims"]
         return d
 
     def name_facts(self) -> str:
         sched = {"COOPERATIVE": "coop", "PINGPONG": "pp", "SINGLE": "single", "DUAL": "dual"}[self.schedule.name]
         if self.streams != 2:
             sched += str(self.streams)
+        claims = "" if self.claims is None else "_claims" if self.claims else "_static"
         return (f"d{self.head_dim}_{self.dtype.value}_t{self.tile_m}x{self.tile_n}_{sched}_s{self.stages}"
-                f"_b{self.block_m}x{self.block_n}" + ("_split" if self.split_kv else ""))
+                f"_b{self.block_m}x{self.block_n}" + ("_split" if self.split_kv else "") + claims)
 
     @property
     def q_stages(self) -> int:
@@ -143,7 +151,13 @@ class AttentionConfig(KernelConfig):
         instead of a static round-robin: ping-pong at head_dim 128 and with split_kv. Same-run A/Bs against the
         static order: rows of unequal length gain (2x16x8K: causal +20-22 %; split global rows +6-9 %), uniform
         rows tie within 2 % (top-k +0.3 / +0.9 %, dense -1.9 / -0.3 %, H200 / H100); at head_dim 64 claims
-        measured -2 to +5 % by mask (H200): 64 keeps the static order."""
+        measured -2 to +5 % by mask (H200): 64 keeps the static order unless the field ``claims`` says otherwise
+        (the dispatch sets it for rows of varied length, ops.dispatch.CLAIM_CV_D64)."""
+        if self.claims is not None and self.schedule is Schedule.PINGPONG:
+            return self.claims
+        return self._claims_default()
+
+    def _claims_default(self) -> bool:
         return self.schedule is Schedule.PINGPONG and (self.split_kv or self.head_dim == 128)
 
     @property
@@ -178,6 +192,11 @@ class AttentionConfig(KernelConfig):
         if self.split_kv and self.schedule not in (Schedule.COOPERATIVE, Schedule.PINGPONG):
             p.append(f"split_kv runs on the two-warpgroup schedules (cooperative, pingpong), not "
                      f"{self.schedule.value}; set split_kv=False or schedule='cooperative'")
+        if self.claims is not None and not isinstance(self.claims, bool):
+            p.append(f"claims must be true, false or left out, got {self.claims!r}")
+        elif self.claims is not None and self.schedule is not Schedule.PINGPONG:
+            p.append(f"claims applies to the persistent ping-pong kernel, not {self.schedule.value}; set "
+                     f"schedule='pingpong' or leave claims out")
         tile_n_ok = self.tile_n in (64, 128)
         if not tile_n_ok:
             p.append(f"tile_n {self.tile_n} is not supported; use 64 or 128 (a WGMMA N that keeps the "
@@ -220,7 +239,8 @@ class AttentionConfig(KernelConfig):
         dual3 = self.schedule is Schedule.DUAL and self.streams == 3
         cand = dataclasses.replace(self, arch=Arch.SM90A, head_dim=hd, tile_m=tm, tile_n=tn,
                                    block_m=bm, block_n=bn, stages=st - st % 2 if single else st,
-                                   split_kv=self.split_kv and two_wg, streams=3 if dual3 else 2)
+                                   split_kv=self.split_kv and two_wg, streams=3 if dual3 else 2,
+                                   claims=self.claims if self.schedule is Schedule.PINGPONG else None)
         while cand.stages > (4 if single else 2) and cand.problems():
             cand = dataclasses.replace(cand, stages=cand.stages - (2 if single else 1))
         if cand.problems() and cand.streams == 3:  # no third stream fits: two

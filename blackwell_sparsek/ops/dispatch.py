@@ -32,6 +32,11 @@ _DUAL = {(64, 64): (3, 7), (64, 128): (2, 6), (128, 64): (2, 5)}
 # everywhere (causal rows of 1K-32K tokens: ahead or within 4 % on both GPUs).
 SPREAD_CV = 0.45
 SHORT_ROWS_D64 = 16
+# Ping-pong at D=64 claims its tiles (AttentionConfig.claims) where row lengths vary this much: a static
+# round-robin leaves SMs idle behind long rows (learned-length rows +3-4.5 %, windows up to +2 %), while on
+# uniform rows the claim costs 1-4 % and on nearly uniform ones (cv 0.14-0.15) 0.8 % (H200, same process,
+# bench/results/h200/claims64.txt).
+CLAIM_CV_D64 = 0.25
 
 
 def default_schedule(head_dim: int, block_m: int, stats: tuple[float, float, float], split: bool = False
@@ -82,6 +87,8 @@ def _config_for(head_dim: int, dt: DType, bm: int, bn: int, stats: tuple[float, 
     cfg = _derived_config(head_dim, dt, bm, bn, schedule)
     if split is not None and cfg.schedule in SPLIT_SCHEDULES:
         cfg = _split_config(cfg)
+    elif cfg.schedule is Schedule.PINGPONG and head_dim == 64 and stats[1] > CLAIM_CV_D64:
+        cfg = _claims_config(cfg)
     return cfg
 
 
@@ -92,6 +99,12 @@ SPLIT_SCHEDULES = (Schedule.COOPERATIVE, Schedule.PINGPONG)
 def _split_config(cfg: AttentionConfig) -> AttentionConfig:
     import dataclasses
     return dataclasses.replace(cfg, split_kv=True).validate()
+
+
+@lru_cache(maxsize=None)
+def _claims_config(cfg: AttentionConfig) -> AttentionConfig:
+    import dataclasses
+    return dataclasses.replace(cfg, claims=True).validate()
 
 
 @torch.compiler.assume_constant_result
@@ -119,7 +132,7 @@ def _derived_config(head_dim: int, dt: DType, bm: int, bn: int, schedule: Schedu
     from ..jit.spec import load_named_configs
     for cfg in load_named_configs().values():
         if (isinstance(cfg, AttentionConfig) and cfg.head_dim == head_dim and cfg.dtype is dt and cfg.block_m == bm
-                and cfg.block_n == bn and cfg.schedule is schedule):
+                and cfg.block_n == bn and cfg.schedule is schedule and cfg.claims is None):
             return cfg
     single = schedule is Schedule.SINGLE
     # one 64-row warpgroup per CTA, 2-3 CTAs per SM: 128-key tiles fit the shared memory only at head_dim 64

@@ -117,7 +117,7 @@ class AttentionConfig(KernelConfig):
     def q_stages(self) -> int:
         """Q slots: one per MMA warpgroup; two for ping-pong at head_dim 64, so a persistent warpgroup's next
         tile's Q loads during this one (its shared memory is spare there: 177 KB with 8 K/V stages; short rows
-        of 2 blocks +5-6 %, others within ±1.5 %, H100, dev/ab_forward.py). At head_dim 128 the second slot
+        of 2 blocks +3-6 %, others within ±1.5 %, H100 and H200, dev/ab_forward.py). At head_dim 128 the second slot
         costs a K/V stage: 4-12 % slower on long rows (H100, H200)."""
         per_wg = 2 if self.schedule is Schedule.PINGPONG and self.head_dim == 64 else 1
         return self.tile_m // 64 * per_wg

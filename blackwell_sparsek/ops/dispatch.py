@@ -86,9 +86,9 @@ def _config_for(head_dim: int, dt: DType, bm: int, bn: int, stats: tuple[float, 
         schedule = default_schedule(head_dim, bm, stats, split is not None)
     cfg = _derived_config(head_dim, dt, bm, bn, schedule)
     if split is not None and cfg.schedule in SPLIT_SCHEDULES:
-        cfg = _split_config(cfg)
+        cfg = _with(cfg, "split_kv")
     elif cfg.schedule is Schedule.PINGPONG and head_dim == 64 and stats[1] > CLAIM_CV_D64:
-        cfg = _claims_config(cfg)
+        cfg = _with(cfg, "claims")
     return cfg
 
 
@@ -96,15 +96,9 @@ SPLIT_SCHEDULES = (Schedule.COOPERATIVE, Schedule.PINGPONG)
 
 
 @lru_cache(maxsize=None)
-def _split_config(cfg: AttentionConfig) -> AttentionConfig:
-    import dataclasses
-    return dataclasses.replace(cfg, split_kv=True).validate()
-
-
-@lru_cache(maxsize=None)
-def _claims_config(cfg: AttentionConfig) -> AttentionConfig:
-    import dataclasses
-    return dataclasses.replace(cfg, claims=True).validate()
+def _with(cfg: AttentionConfig, field: str) -> AttentionConfig:
+    """cfg with one boolean field (split_kv, claims) set, validated once per config."""
+    return dataclasses.replace(cfg, **{field: True}).validate()
 
 
 @torch.compiler.assume_constant_result

@@ -7,9 +7,10 @@ ops.dispatch.CLAIM_CV_D64 (bench/results/h200/claims64.txt).
     python dev/claims64_ab.py
 """
 import dataclasses, statistics, sys
-import torch, triton.testing
+import torch
 import blackwell_sparsek as bsk
 from blackwell_sparsek.bench.schedules import masks
+from blackwell_sparsek.bench.timing import bench
 from blackwell_sparsek.ops import default_config
 print("GPU:", torch.cuda.get_device_name())
 rows = []
@@ -32,13 +33,13 @@ for s, b in ((2048, 16), (8192, 2), (32768, 2)):
         t = {"static": [], "claims": []}
         for r in range(3):
             for key, cfg in (("static", static), ("claims", claims)):
-                ms = triton.testing.do_bench(lambda: bsk.sparse_attention(q, k, v, lay, config=cfg), warmup=200, rep=150,
-                                             return_mode="median")
+                ms = bench(lambda: bsk.sparse_attention(q, k, v, lay, config=cfg), warmup_ms=200, rep_ms=150).median_ms
                 t[key].append(flops / (ms * 1e-3) / 1e12)
         st, cl = statistics.median(t["static"]), statistics.median(t["claims"])
         default = default_config(64, torch.float16, lay).claims_tiles
-        rows.append((name, b, s, round(lay.row_stats()[1], 3), st, cl, default, same))
-        print(f"{name:18s} b={b:2d} s={s:6d} cv={lay.row_stats()[1]:.3f} static {st:6.1f} claims {cl:6.1f} "
+        cv = lay.row_stats()[1]
+        rows.append((name, b, s, round(cv, 3), st, cl, default, same))
+        print(f"{name:18s} b={b:2d} s={s:6d} cv={cv:.3f} static {st:6.1f} claims {cl:6.1f} "
               f"claims/static {cl / st:.3f} default={'claims' if default else 'static'} equal={same}", flush=True)
 print("| mask | B | S | cv | static | claims | claims / static | default |")
 print("|---|---|---|---|---|---|---|---|")

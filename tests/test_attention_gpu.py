@@ -101,8 +101,9 @@ def test_persistent_ctas_walk_many_rows(name, pattern, monkeypatch):
     # from row to row, the epilogue's O buffer is reused once its store has read it, at D=64 the two warpgroups'
     # softmax turns pair up row after row; dual CTAs: each warpgroup's own stream of rows). With 3 CTAs every CTA
     # walks ~10 rows of every kind one after another: full, partial, one tile, empty (at one CTA per SM most small
-    # problems give a CTA one row). At D=128 ping-pong CTAs claim their tiles from a counter (claims_tiles): a tile
-    # run twice or never leaves a poisoned or wrong row, and the output must not depend on which CTA ran what.
+    # problems give a CTA one row). At D=128 (and in the D=64 claims config) ping-pong CTAs claim their tiles from a
+    # counter (claims_tiles): a tile run twice or never leaves a poisoned or wrong row, and the output must not
+    # depend on which CTA ran what.
     monkeypatch.setattr(dispatch, "sm_count", lambda index: 3)
     cfg = NAMED[name]
     Sq, Sk = 517, 1000

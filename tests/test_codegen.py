@@ -37,7 +37,8 @@ def test_every_named_config_renders(name, clean_cwd):
 
 def test_tile_claims_render_where_the_config_claims():
     """ClaimTiles is rendered for the configs whose persistent CTAs claim tiles (ping-pong at head_dim 128, every
-    split ping-pong), and nowhere else: the other kernels keep their static order (and their source)."""
+    split ping-pong, ping-pong at head_dim 64 with claims=True), and nowhere else: the other kernels keep their
+    static order (and their source)."""
     import torch
     from blackwell_sparsek.families.attn_fwd import Schedule
     from blackwell_sparsek.ops.attention import tile_counter
@@ -52,6 +53,10 @@ def test_tile_claims_render_where_the_config_claims():
         assert ("/*ClaimTiles=*/true" in src) is want, (sched, d, split)
         counter = tile_counter(cfg.to_json(), "cpu")  # the op's per-call int32 for the launcher to zero
         assert (counter is not None) is want and (counter is None or counter.dtype == torch.int32)
+    for claims in (True, False):  # the field overrides the default either way
+        cfg = AttentionConfig(head_dim=64 if claims else 128, schedule=pp, stages=8 if claims else 5, claims=claims)
+        assert ("/*ClaimTiles=*/true" in codegen.render(cfg)) is claims
+        assert (tile_counter(cfg.to_json(), "cpu") is not None) is claims
     assert ("counter", "int*") in AttentionConfig.abi
 
 

@@ -8,7 +8,7 @@ Each tree runs with its own kernel cache (CACHE, default <tree>/.bskcache) and, 
 (a measurement build, e.g. '.@-DBSK_EXP_POLY_EVERY=8'). A child (``--child``) imports the package of the tree it
 runs in and prints one JSON line of timings; the parent alternates the trees round by round and prints the median
 per case and each tree's ratio to the first. --cases: only the cases whose name contains SUBSTR (or one of
-SUBSTR,SUBSTR,...).
+SUBSTR,SUBSTR,...; 'NAME$' selects that case alone).
 """
 import argparse
 import json
@@ -51,8 +51,9 @@ CASES = [  # name, (B, H, S, D), layout, schedule
 
 
 def _selected(name: str, cases: str) -> bool:
-    """--cases / AB_CASES: comma-separated substrings of case names; empty selects every case."""
-    return not cases or any(x in name for x in cases.split(",") if x)
+    """--cases / AB_CASES: comma-separated substrings of case names (one ending in '$': that whole name); empty
+    selects every case."""
+    return not cases or any(name == x[:-1] if x.endswith("$") else x in name for x in cases.split(",") if x)
 
 
 def child() -> None:

@@ -12,7 +12,8 @@ the stall reasons' shares and the instructions with the most samples. Runs and f
             the default schedule; ``short64single``: the single-warpgroup schedule (example 88's best kernel there,
             "tma 64x128x64", has the same tile and one warpgroup); example 88 on the same work is
             ``88_hopper_fmha --b=1 --h=16 --q=32768 --k=256 --d=64``
-  dsd       bsr_matmul, 8192^3 fp16, 128x128 blocks, 16 per block row (issue 27's headline)
+  dsd       bsr_matmul, 8192^3 fp16, 128x128 blocks, 16 per block row (issue 27's headline); ``cublas``: torch.mm
+            of the same work (8192x2048 . 2048x8192 fp16), the peer
   bwd       the attention backward op, (2, 16, 8192, 128) fp16, 25 % random top-k (issue 26's headline)
   blocks64  forward, (2, 16, 8192, 128) bf16, 64x64 blocks, 25 % random per head, the dual schedule (issue 29);
             ``blocks64d64``: the same at D=64 (the three-stream dual kernel); ``topk128``: 128x128 blocks, 16 a row
@@ -53,6 +54,12 @@ def dsd():
     a = bsk.BlockSparseMatrix.from_dense(w, block=128, mask=mask.cuda())
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
     return lambda: bsk.bsr_matmul(a, b)
+
+
+def cublas():
+    a = torch.randn(8192, 2048, device="cuda", dtype=torch.float16)
+    b = torch.randn(2048, 8192, device="cuda", dtype=torch.float16)
+    return lambda: torch.mm(a, b)
 
 
 def bwd():
@@ -123,7 +130,7 @@ def main() -> None:
     if sys.argv[1] in ("stalls", "regions"):
         (stalls if sys.argv[1] == "stalls" else regions)(sys.argv[2])
         return
-    fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "bwd": bwd,
+    fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "cublas": cublas, "bwd": bwd,
           "blocks64": blocks64, "blocks64d64": lambda: blocks64(64), "topk128": lambda: blocks64(block=128),
           "global2": global2, "global2pp": lambda: global2("pingpong"),
           "global2cut": lambda: global2(cut=True)}[sys.argv[1]]()

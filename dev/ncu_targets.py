@@ -13,7 +13,8 @@ the stall reasons' shares and the instructions with the most samples. Runs and f
             "tma 64x128x64", has the same tile and one warpgroup); example 88 on the same work is
             ``88_hopper_fmha --b=1 --h=16 --q=32768 --k=256 --d=64``
   dsd       bsr_matmul, 8192^3 fp16, 128x128 blocks, 16 per block row (issue 27's headline); ``cublas``: torch.mm
-            of the same work (8192x2048 . 2048x8192 fp16), the peer
+            of the same work (8192x2048 . 2048x8192 fp16), the peer; ``dsd_strip1`` / ``dsd_strip32``: the DSD
+            kernel with every N-strip 1 / 32 tiles wide (A's rows re-read per strip, B's strip kept in L2 or not)
   bwd       the attention backward op, (2, 16, 8192, 128) fp16, 25 % random top-k (issue 26's headline)
   blocks64  forward, (2, 16, 8192, 128) bf16, 64x64 blocks, 25 % random per head, the dual schedule (issue 29);
             ``blocks64d64``: the same at D=64 (the three-stream dual kernel); ``topk128``: 128x128 blocks, 16 a row
@@ -46,14 +47,18 @@ def short64(schedule=None):
     return lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)
 
 
-def dsd():
+def dsd(strip: int = 0):
     mask = torch.zeros(64, 64, dtype=torch.bool)
     for r in range(64):
         mask[r, torch.randperm(64)[:16]] = True
     w = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
     a = bsk.BlockSparseMatrix.from_dense(w, block=128, mask=mask.cuda())
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-    return lambda: bsk.bsr_matmul(a, b)
+    if not strip:
+        return lambda: bsk.bsr_matmul(a, b)
+    from blackwell_sparsek.ops import _gemm_cuda
+    out = torch.empty(8192, 8192, device="cuda", dtype=torch.float16)
+    return lambda: _gemm_cuda.dsd(a.values, a.layout, b, out, strip=strip)
 
 
 def cublas():
@@ -130,7 +135,7 @@ def main() -> None:
     if sys.argv[1] in ("stalls", "regions"):
         (stalls if sys.argv[1] == "stalls" else regions)(sys.argv[2])
         return
-    fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "cublas": cublas, "bwd": bwd,
+    fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "dsd_strip1": lambda: dsd(1), "dsd_strip32": lambda: dsd(32), "cublas": cublas, "bwd": bwd,
           "blocks64": blocks64, "blocks64d64": lambda: blocks64(64), "topk128": lambda: blocks64(block=128),
           "global2": global2, "global2pp": lambda: global2("pingpong"),
           "global2cut": lambda: global2(cut=True)}[sys.argv[1]]()

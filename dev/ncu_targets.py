@@ -135,7 +135,8 @@ def main() -> None:
     if sys.argv[1] in ("stalls", "regions"):
         (stalls if sys.argv[1] == "stalls" else regions)(sys.argv[2])
         return
-    fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd, "dsd_strip1": lambda: dsd(1), "dsd_strip32": lambda: dsd(32), "cublas": cublas, "bwd": bwd,
+    fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd,
+          "dsd_strip1": lambda: dsd(1), "dsd_strip32": lambda: dsd(32), "cublas": cublas, "bwd": bwd,
           "blocks64": blocks64, "blocks64d64": lambda: blocks64(64), "topk128": lambda: blocks64(block=128),
           "global2": global2, "global2pp": lambda: global2("pingpong"),
           "global2cut": lambda: global2(cut=True)}[sys.argv[1]]()

@@ -1,6 +1,7 @@
 """Same-run A/B of the forward (and backward: the bwd-* cases) kernels of several source trees (e.g. main before
 and after a change), in alternating processes (two builds of one kernel name cannot share a process), do_bench
-medians, effective TFLOPS.
+medians (--graph: medians of CUDA-graph replays, for kernels shorter than the Python call's host time),
+effective TFLOPS.
 
     python dev/ab_forward.py TREE[=CACHE][@FLAGS] TREE[=CACHE][@FLAGS] ... [--rounds 3] [--cases SUBSTR]
 
@@ -85,7 +86,12 @@ def child() -> None:
             cfg = getattr(bsk.Schedule, sched)
             fn, mult = (lambda: bsk.sparse_attention(q, k, v, lay, config=cfg)), 1.0  # noqa: E731
         fn()
-        ms = triton.testing.do_bench(fn, warmup=300, rep=200, return_mode="median")
+        if os.environ.get("AB_GRAPH") == "1":  # --graph: replays of 20 captured calls, no host time between
+            from blackwell_sparsek.bench.timing import loop_bench
+            triton.testing.do_bench(fn, warmup=300, rep=50)  # to the sustained clock first
+            ms = loop_bench(fn, n=20, reps=15, graph=True).median_ms
+        else:
+            ms = triton.testing.do_bench(fn, warmup=300, rep=200, return_mode="median")
         blocks = lay.nnz * (h // lay.num_heads) * b
         out[name] = mult * 4.0 * d * lay.block_m * lay.block_n * blocks / (ms * 1e-3) / 1e12
     print(json.dumps(out))
@@ -96,6 +102,8 @@ def main() -> None:
     ap.add_argument("trees", nargs="+")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cases", default=None, help="only the cases whose name contains one of these (comma-separated)")
+    ap.add_argument("--graph", action="store_true",
+                    help="time CUDA-graph replays of 20 calls (no host time between launches) instead of do_bench")
     a = ap.parse_args()
     caches, flags = {}, {}
     for spec in a.trees:
@@ -110,7 +118,8 @@ def main() -> None:
         for t in trees:
             tree, cache = caches[t]
             env = dict(os.environ, PYTHONPATH=f"{os.environ.get('SITE', '/tmp/site')}:{os.path.abspath(tree)}",
-                       BSK_CACHE_DIR=cache, BSK_NVCC_FLAGS=flags[t], AB_CASES=a.cases or "")
+                       BSK_CACHE_DIR=cache, BSK_NVCC_FLAGS=flags[t], AB_CASES=a.cases or "",
+                       AB_GRAPH="1" if a.graph else "0")
             p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], cwd=tree, env=env,
                                capture_output=True, text=True)
             if p.returncode:

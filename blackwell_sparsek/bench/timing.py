@@ -161,7 +161,8 @@ def _bench_cpu(fn: Callable[[], Any], *, rep_ms: float, max_reps: int) -> Timing
 
 
 def loop_bench(fn: Callable[[], Any], *, device: str = "cuda", n: int = 20, reps: int = 15,
-               budget_ms: float = 400.0, est_ms: float | None = None, idle_s: float = 0.0) -> Timing:
+               budget_ms: float = 400.0, est_ms: float | None = None, idle_s: float = 0.0,
+               graph: bool = False) -> Timing:
     """Example 88's way of timing: ``n`` back-to-back calls between two CUDA events (warm L2, host launch overhead
     overlapped with the GPU), per-call time; the median over ``reps`` such loops (fewer when one loop would take
     long: about ``budget_ms`` in all, at least 3).
@@ -170,7 +171,14 @@ def loop_bench(fn: Callable[[], Any], *, device: str = "cuda", n: int = 20, reps
     takes one warm-up call, as each invocation of the example binary does. This matters: a GPU near its power
     limit clocks down under sustained load, so a short burst after idling runs ~10% faster on an H200 than the
     same kernel timed in a long sustained loop; comparing across protocols would measure the clocks, not the code.
+
+    ``graph=True`` (CUDA only) captures the ``n`` calls once into a CUDA graph and times its replay: the launches
+    run back to back as example 88's C++ loop issues them, without the Python call's host time between them (which
+    on a slow host is as long as a 0.1 ms kernel, so an eager loop would time the host).
     """
+    loop = _event_loop_ms
+    if graph and device == "cuda":
+        loop = _graph_loop(fn, n)
     if idle_s > 0 and device == "cuda":
         import torch
         xs = []
@@ -178,8 +186,8 @@ def loop_bench(fn: Callable[[], Any], *, device: str = "cuda", n: int = 20, reps
             torch.cuda.synchronize()
             time.sleep(idle_s)
             fn()
-            xs.append(_event_loop_ms(fn, n))
-        return _from_samples(xs, f"burst{n}-after-{idle_s:g}s-idle")
+            xs.append(loop(fn, n))
+        return _from_samples(xs, f"{'graph' if graph else 'burst'}{n}-after-{idle_s:g}s-idle")
     if est_ms:
         reps = max(3, min(reps, int(budget_ms / max(n * est_ms, 1e-3))))
     if device != "cuda":
@@ -194,8 +202,37 @@ def loop_bench(fn: Callable[[], Any], *, device: str = "cuda", n: int = 20, reps
     import torch
     fn()
     torch.cuda.synchronize()
-    xs = [_event_loop_ms(fn, n) for _ in range(reps)]
-    return _from_samples(xs, f"loop{n}-cuda-events")
+    xs = [loop(fn, n) for _ in range(reps)]
+    return _from_samples(xs, f"{'graph' if graph else 'loop'}{n}-cuda-events")
+
+
+def _graph_loop(fn: Callable[[], Any], n: int) -> Callable[[Callable[[], Any], int], float]:
+    """A CUDA graph of ``n`` calls of ``fn`` (warmed up on a side stream, as capture requires) and the timer of
+    one replay, per call."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+
+    def replay_ms(_fn: Callable[[], Any], calls: int) -> float:
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / calls
+
+    return replay_ms
 
 
 def _event_loop_ms(fn: Callable[[], Any], n: int) -> float:

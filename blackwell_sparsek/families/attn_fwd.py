@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -299,8 +300,14 @@ def launch_args(q, k, v, o, lse, col_idx, block_kind, row_sched, meta: list[int]
     )
 
 
-def _tma_strides(t) -> list[int]:
+def _tma_strides(t) -> tuple[int, ...]:
     """t's strides, with a size-1 dimension's (which torch leaves arbitrary, e.g. 1 after an unsqueeze) set to
-    the tensor's span: a TMA descriptor encodes every stride, and its strides must be 16-byte multiples."""
-    span = max(st * n for st, n in zip(t.stride(), t.shape))
-    return [span if n == 1 else st for st, n in zip(t.stride(), t.shape)]
+    the tensor's span: a TMA descriptor encodes every stride, and its strides must be 16-byte multiples. Cached
+    per (shape, strides): an eager call's host time matters where the kernel is as short as the call."""
+    return _strides_for(tuple(t.shape), t.stride())
+
+
+@functools.lru_cache(maxsize=256)
+def _strides_for(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    span = max(st * n for st, n in zip(stride, shape))
+    return tuple(span if n == 1 else st for st, n in zip(stride, shape))

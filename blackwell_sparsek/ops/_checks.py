@@ -185,7 +185,10 @@ def check_launch_limits(q, k, v) -> None:
         raise InputError(f"sizes B={B}, H={H}, Hkv={Hkv}, Sq={Sq}, Sk={Sk}: the kernel takes each (and H * Sq, "
                          f"the LSE's batch stride) as a 32-bit int, and Sq + Sk below 2^31 - 4096; split the call "
                          f"over heads or batch entries")
-    for name, st in (("q", q.stride()), ("k", k.stride()), ("v", v.stride()), ("O", (H * Sq * D, Sq * D, D))):
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
+    if max(qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], H * Sq * D) * e < TMA_STRIDE_LIMIT:
+        return  # the common case in one comparison; the loop below names the offending stride
+    for name, st in (("q", qs), ("k", ks), ("v", vs), ("O", (H * Sq * D, Sq * D, D))):
         for d in range(3):
             if st[d] * e >= TMA_STRIDE_LIMIT:
                 raise InputError(

@@ -11,7 +11,9 @@ the stall reasons' shares and the instructions with the most samples. Runs and f
   short64   forward, (1, 16, 32768, 64) fp16, random top-k with 2 blocks per row (issue 29's worst short-row case),
             the default schedule; ``short64single``: the single-warpgroup schedule (example 88's best kernel there,
             "tma 64x128x64", has the same tile and one warpgroup); example 88 on the same work is
-            ``88_hopper_fmha --b=1 --h=16 --q=32768 --k=256 --d=64``
+            ``88_hopper_fmha --b=1 --h=16 --q=32768 --k=256 --d=64``; ``short64same`` / ``short64singlesame``:
+            the same kernels on rows that all list blocks 0 and 1 (example 88's traffic: the kernels compared on
+            identical memory behaviour)
   dsd       bsr_matmul, 8192^3 fp16, 128x128 blocks, 16 per block row (issue 27's headline); ``cublas``: torch.mm
             of the same work (8192x2048 . 2048x8192 fp16), the peer; ``dsd_strip1`` / ``dsd_strip32``: the DSD
             kernel with every N-strip 1 / 32 tiles wide (A's rows re-read per strip, B's strip kept in L2 or not)
@@ -39,8 +41,11 @@ import blackwell_sparsek as bsk  # noqa: E402
 L = bsk.BlockSparseLayout
 
 
-def short64(schedule=None):
-    lay = L.random_topk(32768, 2, seed=2, num_heads=16).to("cuda")
+def short64(schedule=None, same=False):
+    if same:  # every row lists blocks 0 and 1: example 88's traffic (K/V in L2), the same kernel and work
+        lay = L.from_bsr(torch.arange(257) * 2, torch.arange(2).repeat(256), 32768, 32768).to("cuda")
+    else:
+        lay = L.random_topk(32768, 2, seed=2, num_heads=16).to("cuda")
     q, k, v = (torch.randn(1, 16, 32768, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     from blackwell_sparsek.ops import default_config
     cfg = default_config(64, torch.float16, lay, schedule=schedule)
@@ -135,7 +140,9 @@ def main() -> None:
     if sys.argv[1] in ("stalls", "regions"):
         (stalls if sys.argv[1] == "stalls" else regions)(sys.argv[2])
         return
-    fn = {"short64": short64, "short64single": lambda: short64("single"), "dsd": dsd,
+    fn = {"short64": short64, "short64single": lambda: short64("single"),
+          "short64same": lambda: short64(same=True), "short64singlesame": lambda: short64("single", same=True),
+          "dsd": dsd,
           "dsd_strip1": lambda: dsd(1), "dsd_strip32": lambda: dsd(32), "cublas": cublas, "bwd": bwd,
           "blocks64": blocks64, "blocks64d64": lambda: blocks64(64), "topk128": lambda: blocks64(block=128),
           "global2": global2, "global2pp": lambda: global2("pingpong"),

@@ -142,8 +142,7 @@ def main() -> None:
         return
     fn = {"short64": short64, "short64single": lambda: short64("single"),
           "short64same": lambda: short64(same=True), "short64singlesame": lambda: short64("single", same=True),
-          "dsd": dsd,
-          "dsd_strip1": lambda: dsd(1), "dsd_strip32": lambda: dsd(32), "cublas": cublas, "bwd": bwd,
+          "dsd": dsd, "dsd_strip1": lambda: dsd(1), "dsd_strip32": lambda: dsd(32), "cublas": cublas, "bwd": bwd,
           "blocks64": blocks64, "blocks64d64": lambda: blocks64(64), "topk128": lambda: blocks64(block=128),
           "global2": global2, "global2pp": lambda: global2("pingpong"),
           "global2cut": lambda: global2(cut=True)}[sys.argv[1]]()

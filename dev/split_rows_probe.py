@@ -12,7 +12,7 @@ import torch
 
 import blackwell_sparsek as bsk
 from blackwell_sparsek.bench.split_kv import global_layout
-from blackwell_sparsek.bench.timing import bench, kernel_us
+from blackwell_sparsek.bench.timing import bench, capture, kernel_us
 from blackwell_sparsek.families.attn_fwd import Schedule
 from blackwell_sparsek.layout import BlockSparseLayout as L
 from blackwell_sparsek.ops import default_config
@@ -47,17 +47,7 @@ for name, lay in lays.items():
 print(torch.cuda.get_device_name())
 
 
-def graphed(fn):
-    """fn captured in a CUDA graph: its replay times the device work without the eager call's host path."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
-gfns = {n: graphed(fn) for n, fn in fns.items()}
+gfns = {n: capture(fn).replay for n, fn in fns.items()}  # replays time the device work without the host path
 times = {n: [] for n in fns}
 gtimes = {n: [] for n in fns}
 for _ in range(args.rounds):

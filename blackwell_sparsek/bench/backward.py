@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .timing import REP_MS, WARMUP_MS, bench, host_us, kernel_us
+from .timing import REP_MS, WARMUP_MS, bench, capture, host_us, kernel_us
 
 
 def _dt(dtype) -> str:
@@ -107,16 +107,7 @@ class BwdCall:
 
     def graph(self):
         """The same call captured in a CUDA graph (after one warm-up call on a side stream)."""
-        import torch
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            self()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            self()
-        return g
+        return capture(self)
 
     def graph_ms(self) -> float | None:
         """The same call replayed from a CUDA graph: GPU time without the host's per-call work."""

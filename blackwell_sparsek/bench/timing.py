@@ -206,20 +206,27 @@ def loop_bench(fn: Callable[[], Any], *, device: str = "cuda", n: int = 20, reps
     return _from_samples(xs, f"{'graph' if graph else 'loop'}{n}-cuda-events")
 
 
-def _graph_loop(fn: Callable[[], Any], n: int) -> Callable[[Callable[[], Any], int], float]:
-    """A CUDA graph of ``n`` calls of ``fn`` (warmed up on a side stream, as capture requires) and the timer of
-    one replay, per call."""
+def capture(fn: Callable[[], Any], n: int = 1, warmup: int = 1):
+    """A CUDA graph of ``n`` back-to-back calls of ``fn``, after ``warmup`` calls on a side stream (as capture
+    requires): its replay is the calls' device work without their host path."""
     import torch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(n):
             fn()
+    return g
+
+
+def _graph_loop(fn: Callable[[], Any], n: int) -> Callable[[Callable[[], Any], int], float]:
+    """A CUDA graph of ``n`` calls of ``fn`` and the timer of one replay, per call."""
+    import torch
+    g = capture(fn, n, warmup=3)
     g.replay()
     torch.cuda.synchronize()
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cutlass/cutlass.h"
+#include "cutlass/fast_math.h"
 
 namespace bsk {
 
@@ -29,8 +30,8 @@ struct BsrParams {
   int layout_heads;
   int col_stride;
   int heads_kv;
-  int group;          // query heads per K/V head
-  int window_left;    // element rule, -1 = unbounded
+  cutlass::FastDivmod group;  // query heads per K/V head (the loaders divide a head by it at every row)
+  int window_left;            // element rule, -1 = unbounded
   int window_right;
 };
 

@@ -21,7 +21,9 @@ struct BsrTileScheduler {
   struct Params {
     int num_tiles;
     int m_tiles;       // query tiles per (batch, head)
-    int tiles_per_row; // BlockM / TileM
+    // BlockM / TileM. A FastDivmod: every role splits each tile's rank into (row, sub-tile) on the way to the
+    // row's first load, where a runtime integer division is a dependent chain of ~20 instructions.
+    cutlass::FastDivmod div_tpr;
     int n_rows;        // layout rows (row_sched stride)
     int layout_heads;
     cutlass::FastDivmod div_m;
@@ -47,7 +49,7 @@ struct BsrTileScheduler {
     Params p;
     p.m_tiles = n_rows * tiles_per_row;
     p.num_tiles = p.m_tiles * heads * batch;
-    p.tiles_per_row = tiles_per_row;
+    p.div_tpr = cutlass::FastDivmod(tiles_per_row);
     p.n_rows = n_rows;
     p.layout_heads = layout_heads;
     p.div_m = cutlass::FastDivmod(p.m_tiles);
@@ -72,7 +74,15 @@ struct BsrTileScheduler {
     return valid;
   }
 
-  CUTLASS_DEVICE auto get_block_coord() {
+  // This tile's (batch, head), its row's schedule entry, the entry's index and the 64/128-row m block.
+  struct Located {
+    int4 e;
+    int entry;
+    int m_block;
+    int b;
+    int h;
+  };
+  CUTLASS_DEVICE Located locate() const {
     int rank, rest, h, b;
     if (params.rank_major) {
       int g, in_g;
@@ -84,9 +94,16 @@ struct BsrTileScheduler {
     }
     params.div_h(b, h, rest);
     int lh = params.layout_heads == 1 ? 0 : h;
-    int4 e = __ldg(params.row_sched + size_t(lh) * params.n_rows + rank / params.tiles_per_row);
-    int m_block = e.x * params.tiles_per_row + rank % params.tiles_per_row;
-    return cute::make_coord(m_block, cute::_0{}, cute::make_coord(b, h), cute::make_coord(e.y, e.z, e.w));
+    int entry, sub;
+    params.div_tpr(entry, sub, rank);
+    // int32 offsets: the launcher bounds the tile count (every head's rows) by INT_MAX
+    int4 e = __ldg(params.row_sched + (lh * params.n_rows + entry));
+    return Located{e, entry, e.x * params.div_tpr.divisor + sub, b, h};
+  }
+
+  CUTLASS_DEVICE auto get_block_coord() {
+    Located t = locate();
+    return cute::make_coord(t.m_block, cute::_0{}, cute::make_coord(t.b, t.h), cute::make_coord(t.e.y, t.e.z, t.e.w));
   }
 
   CUTLASS_DEVICE BsrTileScheduler& operator++() {

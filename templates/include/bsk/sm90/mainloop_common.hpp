@@ -76,8 +76,9 @@ struct BsrCommon {
   // K/V live in heads_kv heads: address them as (b, h / group) of a (B, Hkv) problem.
   template <class BlkCoord>
   CUTLASS_DEVICE static auto kv_coord(BlkCoord const& blk_coord, Params const& params) {
-    return make_coord(get<0>(blk_coord), get<1>(blk_coord),
-                      make_coord(get<2, 0>(blk_coord), get<2, 1>(blk_coord) / params.bsr.group));
+    int h_kv, rest;
+    params.bsr.group(h_kv, rest, int(get<2, 1>(blk_coord)));
+    return make_coord(get<0>(blk_coord), get<1>(blk_coord), make_coord(get<2, 0>(blk_coord), h_kv));
   }
   CUTLASS_DEVICE static auto kv_problem(ProblemShape const& ps, Params const& params) {
     return make_shape(get<0>(ps), params.bsr.heads_kv, get<2>(ps), get<3>(ps), get<4>(ps));

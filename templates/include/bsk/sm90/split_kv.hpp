@@ -18,21 +18,9 @@ struct BsrSplitTileScheduler : BsrTileScheduler {
   CUTLASS_DEVICE BsrSplitTileScheduler(Params const& p) : BsrTileScheduler(p) {}
 
   CUTLASS_DEVICE auto get_block_coord() {
-    int rank, rest, h, b;
-    if (params.rank_major) {
-      int g, in_g;
-      params.div_group_tiles(g, in_g, idx);
-      params.div_group(rank, rest, in_g);
-      rest += g * params.div_group.divisor;
-    } else {
-      params.div_m(rest, rank, idx);
-    }
-    params.div_h(b, h, rest);
-    int lh = params.layout_heads == 1 ? 0 : h;
-    int entry = rank / params.tiles_per_row;
-    int4 e = __ldg(params.row_sched + size_t(lh) * params.n_rows + entry);
-    int m_block = e.x * params.tiles_per_row + rank % params.tiles_per_row;
-    return cute::make_coord(m_block, cute::_0{}, cute::make_coord(b, h), cute::make_coord(e.y, e.z, e.w, entry));
+    Located t = locate();
+    return cute::make_coord(t.m_block, cute::_0{}, cute::make_coord(t.b, t.h),
+                            cute::make_coord(t.e.y, t.e.z, t.e.w, t.entry));
   }
 };
 

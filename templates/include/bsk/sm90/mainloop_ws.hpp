@@ -72,6 +72,9 @@ struct BsrMainloop : BsrWsBase<Element, HeadDim, TileM, TileN, Stages, QStages, 
   static constexpr SoftmaxMode kSoftmaxMode = HeadDim <= 128 ? SoftmaxMode::kSpec : SoftmaxMode::kLazy;
   static constexpr bool kOrderTiles = kSoftmaxMode == SoftmaxMode::kSpec && !Persistent;
   static constexpr bool kSoftmaxTurns = HeadDim == 64 && !Dual;
+  // A row's first softmax step: ours (softmax_first_step, a tree max) in the 128-row kernels; the dual kernel keeps
+  // example 88's, which measured faster there (three D=64 streams, docs/kernels/sm90_attn_fwd.md).
+  static constexpr bool kTreeFirst = !Dual;
 
   using Common = BsrCommon<Base, TileM, BlockM>;
   using Arguments = typename Common::Arguments;
@@ -295,7 +298,11 @@ struct BsrMainloop : BsrWsBase<Element, HeadDim, TileM, TileN, Stages, QStages, 
       turn_wait(0);
       qk_done(cute::Int<0>{}, acc_qk);
       if (kind != kBlockFull) Common::apply_mask(acc_qk, tPcP, q0, col * BlockN, kind, problem_size, params.bsr);
-      softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
+      if constexpr (kTreeFirst) {
+        softmax_first_step(acc_qk, tiled_mma_qk, softmax_state, params.scale_softmax_log2);
+      } else {
+        softmax.step(acc_qk, tiled_mma_qk, tPcP, softmax_state, problem_size);
+      }
       turn_pass(0);
       to_p(acc_qk);
     }

@@ -1,6 +1,7 @@
-// The online-softmax step of every tile after a row's first (the first tile and the tail use example 88's
-// CollectiveSoftmax), kept apart from the mainloop because its variant decides how the exp2 stream overlaps the
-// tile GEMMs: the mainloop picks a mode per head dim, this file says what each mode computes.
+// The online-softmax steps of the two-warpgroup mainloop: every tile after a row's first (softmax_rescale_step),
+// kept apart from the mainloop because its variant decides how the exp2 stream overlaps the tile GEMMs (the
+// mainloop picks a mode per head dim, this file says what each mode computes), and a row's first tile
+// (softmax_first_step). The tail is example 88's CollectiveSoftmax.
 #pragma once
 
 #include "bsk/sm90/base.hpp"
@@ -105,6 +106,50 @@ CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
     }
     exp_done();
     return true;
+  }
+}
+
+// A row's first tile: its max by a pairwise tree, then P = 2^(s * scale - max * scale) over S and the thread's
+// partial sums: the state example 88's first step (CollectiveSoftmax::step) leaves, max across the row's threads
+// and sums per thread. Example 88's max is one dependent chain over the thread's columns, and on a row's first tile
+// nothing of the warpgroup's can run until it is done: on rows of a few blocks that chain is on every row's path.
+template <class AccQK, class TiledMmaQK, class State>
+CUTLASS_DEVICE void softmax_first_step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, State& state, float scale_log2) {
+  Tensor s = make_tensor(acc_qk.data(), fmha_c::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
+  auto red = fmha_c::reduction_target_n(tiled_mma_qk);
+  constexpr int kRanks = decltype(rank(red))::value;
+  constexpr int kRows = decltype(size<0>(s))::value;
+  constexpr int kCols = decltype(size<1>(s))::value;
+  auto& row_max = get<0>(state);
+  auto& row_sum = get<1>(state);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    float m[kCols];
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kCols; ++j) m[j] = s(i, j);
+    CUTLASS_PRAGMA_UNROLL
+    for (int w = 1; w < kCols; w *= 2) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j + w < kCols; j += 2 * w) m[j] = fmaxf(m[j], m[j + w]);
+    }
+    float mx = m[0];
+    for_each(make_seq<kRanks>{}, [&](auto r) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 1; k < shape<r>(red); k *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, stride<r>(red) * k));
+    });
+    row_max(i) = mx;
+  }
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    float sub = (row_max(i) == -INFINITY ? 0.f : row_max(i)) * scale_log2;
+    float sum = 0.f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kCols; ++j) {
+      float e = ::exp2f(fmaf(s(i, j), scale_log2, -sub));
+      s(i, j) = e;
+      sum += e;
+    }
+    row_sum(i) = sum;
   }
 }
 

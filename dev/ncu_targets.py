@@ -6,7 +6,8 @@
     ncu -i REP.ncu-rep --page source --csv --print-source sass > REP.csv; python dev/ncu_targets.py stalls REP.csv
 
 Each NAME runs its op five times on fresh random inputs (the first builds or loads the kernel); ``stalls`` prints
-the stall reasons' shares and the instructions with the most samples. Runs and findings: bench/results/h100/ncu/.
+the stall reasons' shares and the instructions with the most samples. ``dev/ncu_lines.py`` sums a source-counter CSV by
+line of our code (on a ``BSK_LINEINFO=1`` build). Runs and findings: bench/results/h100/ncu/.
 
   short64   forward, (1, 16, 32768, 64) fp16, random top-k with 2 blocks per row (issue 29's worst short-row case),
             the default schedule; ``short64single``: the single-warpgroup schedule (example 88's best kernel there,

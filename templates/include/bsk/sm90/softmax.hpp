@@ -8,6 +8,17 @@
 
 namespace bsk {
 
+// The max of a row across the threads that hold it (the MMA layout's reduction target: shuffles within a quad).
+template <class TiledMmaQK>
+CUTLASS_DEVICE float max_across_row_threads(float mx, TiledMmaQK const& tiled_mma_qk) {
+  auto red = fmha_c::reduction_target_n(tiled_mma_qk);
+  for_each(make_seq<decltype(rank(red))::value>{}, [&](auto r) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 1; k < shape<r>(red); k *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, stride<r>(red) * k));
+  });
+  return mx;
+}
+
 // New row max (thread-local, then across the threads that share a row), the running sum rescaled by
 // corr = 2^((old max - new max) * scale), P = 2^(s * scale - max * scale). Returns whether O must be rescaled by
 // corr (rescale_o), which the caller does once the PV GEMM in flight has completed. Modes:
@@ -29,8 +40,6 @@ CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
                                          float scale_log2, Corr& corr, PFrag& p_frag, ExpDone&& exp_done) {
   Tensor s = make_tensor(acc_qk.data(), fmha_c::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
   Tensor p = make_tensor(p_frag.data(), s.layout());  // kSpec's destination (same element order as S)
-  auto red = fmha_c::reduction_target_n(tiled_mma_qk);
-  constexpr int kRanks = decltype(rank(red))::value;
   constexpr int kRows = decltype(size<0>(s))::value;
   auto& row_max = get<0>(state);
   auto& row_sum = get<1>(state);
@@ -38,11 +47,7 @@ CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
     float mx = row_max(i);
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < size<1>(s); ++j) mx = fmaxf(mx, s(i, j));
-    for_each(make_seq<kRanks>{}, [&](auto r) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 1; k < shape<r>(red); k *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, stride<r>(red) * k));
-    });
-    return mx;
+    return max_across_row_threads(mx, tiled_mma_qk);
   };
   auto rescale = [&](int i, float mx) {  // a row masked so far (max -inf) keeps P = 0, O = 0
     float prev = row_max(i);
@@ -116,8 +121,6 @@ CUTLASS_DEVICE bool softmax_rescale_step(AccQK& acc_qk, TiledMmaQK const& tiled_
 template <class AccQK, class TiledMmaQK, class State>
 CUTLASS_DEVICE void softmax_first_step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, State& state, float scale_log2) {
   Tensor s = make_tensor(acc_qk.data(), fmha_c::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
-  auto red = fmha_c::reduction_target_n(tiled_mma_qk);
-  constexpr int kRanks = decltype(rank(red))::value;
   constexpr int kRows = decltype(size<0>(s))::value;
   constexpr int kCols = decltype(size<1>(s))::value;
   auto& row_max = get<0>(state);
@@ -132,12 +135,7 @@ CUTLASS_DEVICE void softmax_first_step(AccQK& acc_qk, TiledMmaQK const& tiled_mm
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j + w < kCols; j += 2 * w) m[j] = fmaxf(m[j], m[j + w]);
     }
-    float mx = m[0];
-    for_each(make_seq<kRanks>{}, [&](auto r) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 1; k < shape<r>(red); k *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, stride<r>(red) * k));
-    });
-    row_max(i) = mx;
+    row_max(i) = max_across_row_threads(m[0], tiled_mma_qk);
   }
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < kRows; ++i) {
